@@ -1,0 +1,149 @@
+"""The FLOP meter: a dispatch mode that costs every ATen op with a formula.
+
+The registry maps an op (its overload packet, e.g. ``torch.ops.aten.mm``) to a
+formula from :mod:`.formulas` or one a user registered. An op with no formula
+is first decomposed when it has a decomposition, and otherwise listed as
+uncounted with its call count: nothing silently costs zero.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .formulas import BUILTIN, DATA_MOVEMENT, METADATA, Formula, OpCost
+from .modules import ROOT, ModuleTracker, StackKey, _in_backward
+
+_USER_FORMULAS: dict[Any, Formula] = {}
+
+_ZERO = OpCost(0, 0)
+
+
+def _packet(op: Any) -> Any:
+    return getattr(op, "_overloadpacket", op)
+
+
+def register_flop_formula(op: Any, formula: Formula | None = None) -> Any:
+    """Register the FLOP formula of ``op`` (e.g. ``torch.ops.mylib.fused_gelu``).
+
+    The formula is called as ``formula(*args, out_val=output, **kwargs)`` with the
+    op's own arguments and its output, and returns the op's FLOPs (an ``int``), an
+    :class:`OpCost` ``(flops, macs)``, or ``None`` when the call cannot be counted.
+    It must not read tensor values (analytic runs have none). A user formula takes
+    precedence over the built-in one. Usable as a decorator::
+
+        @register_flop_formula(torch.ops.mylib.fused_gelu)
+        def fused_gelu_flops(x, *, out_val):
+            return 5 * x.numel()
+    """
+    if formula is None:
+        return lambda f: register_flop_formula(op, f)
+    if not isinstance(op, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        raise TypeError(f"register_flop_formula expects an op such as torch.ops.aten.mm, got {op!r}")
+    if not callable(formula):
+        raise TypeError(f"the FLOP formula for {op} must be callable, got {formula!r}")
+    _USER_FORMULAS[_packet(op)] = formula
+    return formula
+
+
+def unregister_flop_formula(op: Any) -> None:
+    """Remove a formula registered with :func:`register_flop_formula`."""
+    _USER_FORMULAS.pop(_packet(op), None)
+
+
+def formula_for(op: Any) -> Formula | None:
+    """The formula that would cost ``op``: the user's, else the built-in one."""
+    packet = _packet(op)
+    formula = _USER_FORMULAS.get(packet) or BUILTIN.get(packet)
+    if formula is None and str(packet).endswith("_"):
+        # in-place variants (aten.add_) cost what their functional op (aten.add) costs
+        functional = getattr(torch.ops.aten, packet.__name__[:-1], None)
+        if functional is not None:
+            formula = _USER_FORMULAS.get(functional) or BUILTIN.get(functional)
+    return formula
+
+
+def _as_cost(value: Any, op: Any) -> OpCost | None:
+    if value is None or isinstance(value, OpCost):
+        return value
+    if isinstance(value, tuple) and len(value) == 2:
+        return OpCost(int(value[0]), int(value[1]))
+    if isinstance(value, (int, torch.SymInt)):
+        return OpCost(int(value), 0)
+    raise TypeError(f"the FLOP formula for {op} returned {value!r}; expected an int, OpCost(flops, macs) or None")
+
+
+# (phase, stack key, op name) -> [calls, flops, macs]
+Tally = dict[tuple[str, StackKey, str], list[int]]
+
+
+class FlopMeter(TorchDispatchMode):
+    """Counts FLOPs and MACs of every op, by phase and module stack.
+
+    ``region`` is set by the runner: ``"forward"`` while the model runs, ``"loss"``
+    while the loss is computed. In the backward pass the phase is ``"backward"``
+    (``"loss"`` for the loss's own backward), or ``"recompute"`` for forward work
+    that activation checkpointing repeats (ops that run with grad mode on).
+    """
+
+    def __init__(self, tracker: ModuleTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.region = "forward"
+        self.tally: Tally = {}
+        self.uncounted: Counter[str] = Counter()
+        self._resolved: dict[Any, tuple[str, Formula | None, bool]] = {}
+
+    def _resolve(self, func: Any) -> tuple[str, Formula | None, bool]:
+        packet = _packet(func)
+        formula = formula_for(packet)
+        data_movement = formula is None and packet in DATA_MOVEMENT
+        entry = (str(packet), formula, data_movement)
+        self._resolved[func] = entry
+        return entry
+
+    def _where(self) -> tuple[str, StackKey]:
+        if _in_backward():
+            if torch.is_grad_enabled():
+                return "recompute", self.tracker.key or ROOT
+            key = self.tracker.key_of_node(torch._C._current_autograd_node())
+            return ("backward", key) if key else ("loss", ())
+        if self.region == "loss":
+            return "loss", ()
+        return "forward", self.tracker.key or ROOT
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in METADATA:
+            return func(*args, **kwargs)
+        entry = self._resolved.get(func) or self._resolve(func)
+        name, formula, data_movement = entry
+        if formula is None and not data_movement:
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = func(*args, **kwargs)
+        if formula is not None:
+            cost = _as_cost(formula(*args, out_val=out, **kwargs), func)
+            if cost is None:
+                self.uncounted[name] += 1
+                return out
+        elif data_movement:
+            cost = _ZERO
+        else:
+            self.uncounted[name] += 1
+            return out
+        phase, key = self._where()
+        row = self.tally.get((phase, key, name))
+        if row is None:
+            self.tally[(phase, key, name)] = [1, cost.flops, cost.macs]
+        else:
+            row[0] += 1
+            row[1] += cost.flops
+            row[2] += cost.macs
+        return out
+

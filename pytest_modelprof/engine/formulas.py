@@ -1,0 +1,724 @@
+"""FLOP formulas: one small pure function per ATen op family.
+
+Counting convention (the README's "How FLOPs are counted" repeats it for users):
+
+* A multiply-accumulate (MAC) is 2 FLOPs.
+* MACs are counted for the matrix-like ops only: the matmul family, convolutions,
+  attention (scores and weighted sum) and the gate matmuls of fused RNN kernels.
+* FLOPs include everything counted: ``2 * MACs`` plus bias and accumulator adds
+  (1 per element added), plus the elementwise work of each op.
+* An elementwise kernel costs, per output element, the number of arithmetic steps
+  in its textbook definition, a transcendental function (exp, log, tanh, erf,
+  sigmoid, sqrt, ...) being one step: ``add`` 1, ``silu`` 2 (sigmoid, multiply),
+  ``gelu`` 5 (erf form) or 9 (tanh form), ``softmax`` 5 (max, subtract, exp, sum,
+  divide) per element. The tables below give every figure.
+* Reductions cost 1 per input element (``var``/``std`` 3, ``norm`` 2).
+* Normalisation layers: statistics 4 per element (mean 1, variance 3), normalise 2
+  (subtract, multiply), affine 1 for the weight and 1 for the bias.
+* Pooling: one step per window element per output (max compares, average adds),
+  plus the average's divide; adaptive windows are summed exactly.
+* Data movement (views, copies, concatenation, indexing, padding, nearest-neighbour
+  upsampling, embedding lookups) and tensor creation (including random numbers)
+  cost 0 FLOPs; they are still listed in the operator table.
+* Convolutions and pooling count every window position, padding included.
+  Causal attention counts the full score matrix, as the dense kernels compute it.
+
+Each formula takes the op's arguments as the op received them, plus ``out_val``
+(the op's output), and returns an :class:`OpCost`, a plain ``int`` (FLOPs, no
+MACs), or ``None`` when this particular call cannot be counted (it is then listed
+as uncounted). Formulas never run the op and never look at tensor values, so they
+work unchanged on real, meta and fake tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+aten = torch.ops.aten
+
+
+class OpCost(NamedTuple):
+    """The cost of one op call: FLOPs, and the MACs among them (``flops >= 2 * macs``)."""
+
+    flops: int
+    macs: int = 0
+
+
+Formula = Callable[..., "OpCost | int | None"]
+
+BUILTIN: dict[Any, Formula] = {}
+
+
+def _register(*ops: Any) -> Callable[[Formula], Formula]:
+    def wrap(formula: Formula) -> Formula:
+        for op in ops:
+            BUILTIN[op] = formula
+        return formula
+
+    return wrap
+
+
+def _first_tensor(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    for item in value:
+        if isinstance(item, torch.Tensor):
+            return item
+    raise TypeError("op produced no tensor")
+
+
+def _matmul(macs: int, added: int = 0) -> OpCost:
+    return OpCost(2 * macs + added, macs)
+
+
+# ---------------------------------------------------------------- matmul family
+
+
+@_register(aten.mm, aten._scaled_mm)
+def mm(a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    m, k = a.shape
+    return _matmul(m * k * b.shape[1])
+
+
+@_register(aten.addmm, aten.addmm_)
+def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    m, k = a.shape
+    n = b.shape[1]
+    return _matmul(m * k * n, m * n)
+
+
+@_register(aten.bmm)
+def bmm(a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, m, k = a.shape
+    return _matmul(batch * m * k * b.shape[2])
+
+
+@_register(aten.baddbmm, aten.baddbmm_)
+def baddbmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, m, k = a.shape
+    n = b.shape[2]
+    return _matmul(batch * m * k * n, batch * m * n)
+
+
+@_register(aten.addbmm, aten.addbmm_)
+def addbmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # sum over the batch of a[i] @ b[i], then + bias: batch * m * n adds in all
+    batch, m, k = a.shape
+    n = b.shape[2]
+    return _matmul(batch * m * k * n, batch * m * n)
+
+
+@_register(aten.mv)
+def mv(a: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return _matmul(a.shape[0] * a.shape[1])
+
+
+@_register(aten.addmv, aten.addmv_)
+def addmv(bias: torch.Tensor, a: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return _matmul(a.shape[0] * a.shape[1], a.shape[0])
+
+
+@_register(aten.dot, aten.vdot)
+def dot(a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return _matmul(a.numel())
+
+
+# ---------------------------------------------------------------- convolution
+
+
+def conv_macs(weight_shape: Sequence[int], batch: int, spatial: Sequence[int]) -> int:
+    """MACs of a convolution: every weight meets every position of ``spatial``.
+
+    ``spatial`` is the output's spatial size for a convolution and the input's for a
+    transposed one. The weight's shape already divides channels by ``groups``
+    (``(C_out, C_in/groups, *k)``, or ``(C_in, C_out/groups, *k)`` transposed), so
+    grouped and depthwise convolutions need no special case.
+    """
+    return batch * math.prod(spatial) * math.prod(weight_shape)
+
+
+@_register(
+    aten.convolution,
+    aten._convolution,
+    aten.convolution_overrideable,
+    aten.cudnn_convolution,
+    aten.cudnn_convolution_transpose,
+    aten.mkldnn_convolution,
+    aten._slow_conv2d_forward,
+    aten.slow_conv3d_forward,
+    aten.slow_conv_transpose2d,
+    aten.slow_conv_transpose3d,
+    aten.slow_conv_dilated2d,
+    aten.slow_conv_dilated3d,
+)
+def convolution(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+    out = _first_tensor(out_val)
+    transposed = _conv_is_transposed(x, weight, out, args, kwargs)
+    spatial = x.shape[2:] if transposed else out.shape[2:]
+    macs = conv_macs(weight.shape, x.shape[0], spatial)
+    return _matmul(macs, out.numel() if bias is not None else 0)
+
+
+def _conv_is_transposed(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    if "transposed" in kwargs:
+        return bool(kwargs["transposed"])
+    # convolution(input, weight, bias, stride, padding, dilation, transposed, ...)
+    if len(args) >= 4 and isinstance(args[3], bool):
+        return args[3]
+    # The dedicated transposed kernels take output_padding where others take dilation;
+    # their weight's first dimension is C_in, not C_out.
+    return weight.shape[0] == x.shape[1] and weight.shape[0] != out.shape[1]
+
+
+@_register(aten.convolution_backward)
+def convolution_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+    output_mask: Sequence[bool],
+    *_: Any,
+    out_val: Any = None,
+    **__: Any,
+) -> OpCost:
+    # grad_input is a (transposed) convolution of grad_out with the weight and
+    # grad_weight a convolution of the input with grad_out: each does exactly the
+    # forward's multiply-accumulates, whatever ``groups`` is.
+    spatial = x.shape[2:] if transposed else grad_out.shape[2:]
+    forward_macs = conv_macs(weight.shape, x.shape[0], spatial)
+    macs = forward_macs * (int(output_mask[0]) + int(output_mask[1]))
+    bias_grad_adds = grad_out.numel() if output_mask[2] else 0
+    return _matmul(macs, bias_grad_adds)
+
+
+# ---------------------------------------------------------------- attention
+
+SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide
+SOFTMAX_BACKWARD_FLOPS = 4  # y * (g - sum(g * y))
+
+
+def attention_cost(query_shape: Sequence[int], key_shape: Sequence[int], value_shape: Sequence[int], masked: bool) -> OpCost:
+    """Forward attention over ``(..., heads, seq, dim)`` tensors, GQA included.
+
+    MACs: scores ``Q K^T`` and output ``P V`` for every query head. FLOPs add, per
+    score, the scaling, the softmax and (with a mask) the mask add.
+    """
+    *batch, heads, s_q, d_qk = query_shape
+    s_k = key_shape[-2]
+    d_v = value_shape[-1]
+    scores = math.prod(batch) * heads * s_q * s_k
+    macs = scores * (d_qk + d_v)
+    return OpCost(2 * macs + scores * (1 + SOFTMAX_FLOPS + int(masked)), macs)
+
+
+def attention_backward_cost(query_shape: Sequence[int], key_shape: Sequence[int], value_shape: Sequence[int]) -> OpCost:
+    """Backward of fused attention: recomputed scores, then dV, dP, dQ and dK.
+
+    MACs per score: ``d_qk`` (recompute) + ``d_v`` (dV) + ``d_v`` (dP) + ``2 d_qk``
+    (dQ, dK). FLOPs add the softmax recompute from the saved log-sum-exp (2 per
+    score), its backward, and the row sums ``D = rowsum(dO * O)`` (2 per output).
+    """
+    *batch, heads, s_q, d_qk = query_shape
+    s_k = key_shape[-2]
+    d_v = value_shape[-1]
+    scores = math.prod(batch) * heads * s_q * s_k
+    macs = scores * (3 * d_qk + 2 * d_v)
+    outputs = math.prod(batch) * heads * s_q * d_v
+    return OpCost(2 * macs + scores * (2 + SOFTMAX_BACKWARD_FLOPS) + 2 * outputs, macs)
+
+
+@_register(
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+    aten._scaled_dot_product_fused_attention_overrideable,
+)
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+    masked = kwargs.get("attn_mask") is not None or kwargs.get("attn_bias") is not None
+    masked = masked or any(isinstance(a, torch.Tensor) for a in args)
+    return attention_cost(q.shape, k.shape, v.shape, masked)
+
+
+@_register(
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward,
+    aten._scaled_dot_product_fused_attention_overrideable_backward,
+)
+def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return attention_backward_cost(q.shape, k.shape, v.shape)
+
+
+def _projections(tokens: int, in_features: int, out_features: int, bias: bool) -> OpCost:
+    macs = tokens * in_features * out_features
+    return _matmul(macs, tokens * out_features if bias else 0)
+
+
+def _multi_head_attention(batch: int, s_q: int, s_k: int, embed: int, heads: int, self_attention: bool, masked: bool) -> OpCost:
+    """Input projections, attention and output projection of ``nn.MultiheadAttention``."""
+    if self_attention:
+        in_proj = _projections(batch * s_q, embed, 3 * embed, bias=True)
+    else:
+        q_proj = _projections(batch * s_q, embed, embed, bias=True)
+        kv_proj = _projections(batch * s_k, embed, 2 * embed, bias=True)
+        in_proj = OpCost(q_proj.flops + kv_proj.flops, q_proj.macs + kv_proj.macs)
+    head_dim = embed // heads
+    attention = attention_cost((batch, heads, s_q, head_dim), (batch, heads, s_k, head_dim), (batch, heads, s_k, head_dim), masked)
+    out_proj = _projections(batch * s_q, embed, embed, bias=True)
+    return OpCost(
+        in_proj.flops + attention.flops + out_proj.flops,
+        in_proj.macs + attention.macs + out_proj.macs,
+    )
+
+
+@_register(aten._native_multi_head_attention)
+def native_multi_head_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, embed_dim: int, num_head: int, *args: Any, out_val: Any = None, **kwargs: Any
+) -> OpCost | None:
+    if query.is_nested:
+        return None
+    batch, s_q, _ = query.shape
+    mask = kwargs.get("mask", args[4] if len(args) > 4 else None)
+    self_attention = query is key and key is value
+    return _multi_head_attention(batch, s_q, key.shape[1], embed_dim, num_head, self_attention, mask is not None)
+
+
+LAYER_NORM_FLOPS = 8  # statistics 4, normalise 2, weight 1, bias 1
+
+
+@_register(aten._transformer_encoder_layer_fwd)
+def transformer_encoder_layer(src: torch.Tensor, embed_dim: int, num_heads: int, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost | None:
+    if src.is_nested:
+        return None
+    batch, seq, _ = src.shape
+    use_gelu = args[4]
+    ffn_weight_1 = args[11]
+    hidden = ffn_weight_1.shape[0]
+    mask = kwargs.get("mask", args[15] if len(args) > 15 else None)
+    tokens = batch * seq
+    attention = _multi_head_attention(batch, seq, seq, embed_dim, num_heads, True, mask is not None)
+    ffn_1 = _projections(tokens, embed_dim, hidden, bias=True)
+    ffn_2 = _projections(tokens, hidden, embed_dim, bias=True)
+    activation = tokens * hidden * (ELEMENTWISE["gelu"] if use_gelu else ELEMENTWISE["relu"])
+    norms_and_residuals = tokens * embed_dim * 2 * (LAYER_NORM_FLOPS + 1)
+    return OpCost(
+        attention.flops + ffn_1.flops + ffn_2.flops + activation + norms_and_residuals,
+        attention.macs + ffn_1.macs + ffn_2.macs,
+    )
+
+
+# ---------------------------------------------------------------- recurrent layers
+
+# mode numbers of ATen's RNN kernels, and the elementwise work of one cell per
+# hidden unit after the gate matmuls and the sum of their two halves:
+# LSTM: 3 sigmoids + tanh on the gates, c' = f*c + i*g (3), h' = o*tanh(c') (2)
+# GRU: 2 sigmoids, n = tanh(x_n + r*h_n) (3), h' = (1-z)*n + z*h (4)
+RNN_CELL_FLOPS = {0: 1, 1: 1, 2: 9, 3: 9}  # RNN_RELU, RNN_TANH, LSTM, GRU
+
+
+def rnn_layer_cost(steps_times_batch: int, gate_rows: int, input_size: int, hidden_size: int, mode: int, has_biases: bool) -> OpCost:
+    """One direction of one recurrent layer over a sequence.
+
+    MACs per step and sample: ``W_ih x`` and ``W_hh h``, i.e. ``gates * (input + hidden)``.
+    FLOPs add the sum of the two matmuls and two biases per gate row, then the cell.
+    """
+    macs = steps_times_batch * gate_rows * (input_size + hidden_size)
+    adds = steps_times_batch * gate_rows * (1 + 2 * int(has_biases))
+    cell = steps_times_batch * hidden_size * RNN_CELL_FLOPS.get(mode, 1)
+    return OpCost(2 * macs + adds + cell, macs)
+
+
+@_register(aten.mkldnn_rnn_layer)
+def mkldnn_rnn_layer(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # (input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size, num_layers, has_biases, ...)
+    mode, hidden_size, has_biases = args[6], args[7], args[9]
+    steps_times_batch = x.numel() // x.shape[-1]
+    return rnn_layer_cost(steps_times_batch, w_ih.shape[0], w_ih.shape[1], hidden_size, mode, has_biases)
+
+
+@_register(aten.mkldnn_rnn_layer_backward)
+def mkldnn_rnn_layer_backward(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # Gradients for inputs/hidden states and for both weight matrices: twice the
+    # forward's MACs; the cell's backward is counted as twice its forward.
+    mode, hidden_size, has_biases = args[11], args[12], args[14]
+    steps_times_batch = x.numel() // x.shape[-1]
+    forward = rnn_layer_cost(steps_times_batch, w_ih.shape[0], w_ih.shape[1], hidden_size, mode, has_biases)
+    return OpCost(2 * forward.flops, 2 * forward.macs)
+
+
+# ---------------------------------------------------------------- elementwise
+
+# FLOPs per output element of elementwise kernels (in-place variants share them).
+ELEMENTWISE: dict[str, int] = {
+    **dict.fromkeys(
+        """add sub rsub mul div neg abs sign sgn reciprocal sqrt rsqrt exp exp2 expm1 log log2
+        log10 log1p sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh erf erfc
+        erfinv sigmoid relu threshold leaky_relu clamp_min clamp_max maximum minimum fmax fmin
+        pow floor ceil round trunc frac remainder fmod floor_divide eq ne lt le gt ge
+        logical_not logical_and logical_or logical_xor bitwise_not bitwise_and bitwise_or
+        bitwise_xor isnan isinf nan_to_num square copysign hypot xlogy special_xlog1py
+        heaviside signbit sinc""".split(),
+        1,
+    ),
+    **dict.fromkeys("clamp clip hardtanh relu6 silu glu _prelu_kernel prelu threshold_backward leaky_relu_backward hardtanh_backward".split(), 2),
+    **dict.fromkeys("addcmul addcdiv lerp softplus logit sigmoid_backward tanh_backward elu_backward _prelu_kernel_backward".split(), 3),
+    **dict.fromkeys("elu celu hardsigmoid log_sigmoid_forward log_sigmoid_backward softplus_backward hardswish_backward".split(), 4),
+    **dict.fromkeys("gelu selu hardswish mish glu_backward".split(), 5),
+    "silu_backward": 6,
+    "gelu_backward": 9,
+    "mish_backward": 10,
+    # dropout: compare with a random draw, then multiply by mask and scale
+    "native_dropout": 2,
+    "native_dropout_backward": 2,
+}
+GELU_TANH_FLOPS = 9
+GELU_TANH_BACKWARD_FLOPS = 15
+
+
+def _elementwise(per_element: int) -> Formula:
+    def formula(*_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(per_element * _first_tensor(out_val).numel())
+
+    return formula
+
+
+def _gelu(per_element_erf: int, per_element_tanh: int) -> Formula:
+    def formula(*args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+        approximate = kwargs.get("approximate", args[-1] if args and isinstance(args[-1], str) else "none")
+        per_element = per_element_tanh if approximate == "tanh" else per_element_erf
+        return OpCost(per_element * _first_tensor(out_val).numel())
+
+    return formula
+
+
+for _name, _per_element in ELEMENTWISE.items():
+    for _suffix in ("", "_"):
+        _packet = getattr(aten, _name + _suffix, None)
+        if _packet is not None:
+            BUILTIN[_packet] = _elementwise(_per_element)
+BUILTIN[aten.gelu] = BUILTIN[aten.gelu_] = _gelu(ELEMENTWISE["gelu"], GELU_TANH_FLOPS)
+BUILTIN[aten.gelu_backward] = _gelu(ELEMENTWISE["gelu_backward"], GELU_TANH_BACKWARD_FLOPS)
+
+
+# ---------------------------------------------------------------- reductions and softmax
+
+REDUCTION: dict[str, int] = {
+    **dict.fromkeys("sum mean nansum prod amax amin max min argmax argmin aminmax all any cumsum cumprod logcumsumexp".split(), 1),
+    **dict.fromkeys("norm linalg_vector_norm".split(), 2),
+    **dict.fromkeys("var std var_mean std_mean logsumexp".split(), 3),
+}
+
+
+def _reduction(per_element: int) -> Formula:
+    def formula(x: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(per_element * x.numel() if isinstance(x, torch.Tensor) else 0)
+
+    return formula
+
+
+for _name, _per_element in REDUCTION.items():
+    BUILTIN[getattr(aten, _name)] = _reduction(_per_element)
+
+for _op in (aten._softmax, aten._log_softmax, aten._safe_softmax):
+    BUILTIN[_op] = _reduction(SOFTMAX_FLOPS)
+for _op in (aten._softmax_backward_data, aten._log_softmax_backward_data):
+    BUILTIN[_op] = _reduction(SOFTMAX_BACKWARD_FLOPS)
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+def _norm_forward(x: torch.Tensor, statistics: bool, weight: Any, bias: Any) -> OpCost:
+    per_element = 2 + 4 * int(statistics) + int(weight is not None) + int(bias is not None)
+    return OpCost(per_element * x.numel())
+
+
+def _norm_backward(x: torch.Tensor, statistics: bool, output_mask: Sequence[bool]) -> OpCost:
+    # grad_input: with batch statistics two row sums and the combination (7), else a scale (2);
+    # grad_weight: normalised input times grad, summed (2); grad_bias: a sum (1).
+    per_element = (7 if statistics else 2) * int(output_mask[0]) + 2 * int(output_mask[1]) + int(output_mask[2])
+    return OpCost(per_element * x.numel())
+
+
+@_register(aten.native_batch_norm, aten._native_batch_norm_legit, aten.cudnn_batch_norm, aten.miopen_batch_norm)
+def batch_norm(x: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return _norm_forward(x, bool(training), weight, bias)
+
+
+@_register(aten._native_batch_norm_legit_no_training, aten._batch_norm_no_update)
+def batch_norm_inference(x: torch.Tensor, weight: Any, bias: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return _norm_forward(x, False, weight, bias)
+
+
+@_register(aten._batch_norm_with_update, aten._native_batch_norm_legit_functional)
+def batch_norm_training(x: torch.Tensor, weight: Any, bias: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return _norm_forward(x, True, weight, bias)
+
+
+@_register(aten.native_batch_norm_backward)
+def batch_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # (grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
+    return _norm_backward(x, bool(args[5]), args[7])
+
+
+@_register(aten.batch_norm_backward)
+def batch_norm_backward_v2(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # (grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve)
+    return _norm_backward(x, bool(args[5]), args[7])
+
+
+@_register(aten.native_layer_norm)
+def layer_norm(x: torch.Tensor, shape: Any, weight: Any = None, bias: Any = None, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return _norm_forward(x, True, weight, bias)
+
+
+@_register(aten.native_layer_norm_backward)
+def layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
+    return _norm_backward(x, True, args[5])
+
+
+@_register(aten.native_group_norm)
+def group_norm(x: torch.Tensor, weight: Any, bias: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return _norm_forward(x, True, weight, bias)
+
+
+@_register(aten.native_group_norm_backward)
+def group_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # (grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask)
+    return _norm_backward(x, True, args[7])
+
+
+if hasattr(aten, "_fused_rms_norm"):
+
+    @_register(aten._fused_rms_norm)
+    def rms_norm(x: torch.Tensor, shape: Any, weight: Any = None, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        # square 1, mean 1, multiply by the reciprocal root 1, weight 1
+        return OpCost((3 + int(weight is not None)) * x.numel())
+
+
+if hasattr(aten, "_fused_rms_norm_backward"):
+
+    @_register(aten._fused_rms_norm_backward)
+    def rms_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+        # grad_input: one row sum and the combination (5); grad_weight: multiply and sum (2)
+        output_mask = args[-1]
+        return OpCost((5 * int(output_mask[0]) + 2 * int(output_mask[1])) * x.numel())
+
+
+# ---------------------------------------------------------------- pooling
+
+
+def _window_numel(kernel_size: Any, dims: int) -> int:
+    sizes = list(kernel_size) if isinstance(kernel_size, (list, tuple)) else [kernel_size]
+    if len(sizes) == 1:
+        sizes = sizes * dims
+    return math.prod(sizes)
+
+
+def _max_pool(dims: int) -> Formula:
+    def formula(x: torch.Tensor, kernel_size: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(_first_tensor(out_val).numel() * _window_numel(kernel_size, dims))
+
+    return formula
+
+
+def _avg_pool(dims: int) -> Formula:
+    def formula(x: torch.Tensor, kernel_size: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(_first_tensor(out_val).numel() * (_window_numel(kernel_size, dims) + 1))
+
+    return formula
+
+
+def _avg_pool_backward(dims: int) -> Formula:
+    def formula(grad_out: torch.Tensor, x: torch.Tensor, kernel_size: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(grad_out.numel() * (_window_numel(kernel_size, dims) + 1))
+
+    return formula
+
+
+def _scatter_grad(grad_out: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    """Backward ops that add each output gradient into one input position."""
+    return OpCost(grad_out.numel())
+
+
+for _dims, (_mp, _mpb, _ap, _apb) in {
+    1: (None, None, None, None),
+    2: (aten.max_pool2d_with_indices, aten.max_pool2d_with_indices_backward, aten.avg_pool2d, aten.avg_pool2d_backward),
+    3: (aten.max_pool3d_with_indices, aten.max_pool3d_with_indices_backward, aten.avg_pool3d, aten.avg_pool3d_backward),
+}.items():
+    if _mp is not None:
+        BUILTIN[_mp] = _max_pool(_dims)
+        BUILTIN[_mpb] = _scatter_grad
+        BUILTIN[_ap] = _avg_pool(_dims)
+        BUILTIN[_apb] = _avg_pool_backward(_dims)
+BUILTIN[aten.max_pool2d] = _max_pool(2)
+BUILTIN[aten.max_pool1d] = _max_pool(1)
+BUILTIN[aten.mkldnn_max_pool2d] = _max_pool(2)
+BUILTIN[aten.max_pool1d_with_indices] = _max_pool(1)
+
+
+def adaptive_window_elements(in_size: int, out_size: int) -> int:
+    """Sum, over the output positions, of the adaptive window sizes along one dimension."""
+    return sum(math.ceil((i + 1) * in_size / out_size) - (i * in_size) // out_size for i in range(out_size))
+
+
+def _adaptive_pool(spatial_dims: int) -> Formula:
+    def formula(x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        out = _first_tensor(out_val)
+        leading = math.prod(out.shape[: out.dim() - spatial_dims])
+        window = math.prod(adaptive_window_elements(x.shape[-d], out.shape[-d]) for d in range(1, spatial_dims + 1))
+        # one step per window element, plus the average's divide per output
+        return OpCost(leading * window + out.numel())
+
+    return formula
+
+
+def _adaptive_pool_backward(grad_out: torch.Tensor, x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # every input element receives its windows' gradients (about one add each)
+    return OpCost(x.numel())
+
+
+for _op, _dims in ((aten._adaptive_avg_pool2d, 2), (aten._adaptive_avg_pool3d, 3), (aten.adaptive_max_pool2d, 2), (aten.adaptive_max_pool3d, 3)):
+    BUILTIN[_op] = _adaptive_pool(_dims)
+for _op in (aten._adaptive_avg_pool2d_backward, aten._adaptive_avg_pool3d_backward):
+    BUILTIN[_op] = _adaptive_pool_backward
+for _op in (aten.adaptive_max_pool2d_backward, aten.adaptive_max_pool3d_backward):
+    BUILTIN[_op] = _scatter_grad
+
+
+# ---------------------------------------------------------------- embedding, upsampling, losses
+
+BUILTIN[aten.embedding_dense_backward] = _scatter_grad
+
+
+@_register(aten._embedding_bag, aten._embedding_bag_forward_only)
+def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+    per_sample_weights = kwargs.get("per_sample_weights", args[3] if len(args) > 3 else None)
+    gathered = indices.numel() * weight.shape[1]
+    return OpCost(gathered * (1 + int(per_sample_weights is not None)))
+
+
+def _interpolation(per_element: int) -> Formula:
+    def formula(*_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(per_element * _first_tensor(out_val).numel())
+
+    return formula
+
+
+def _interpolation_backward(per_element: int) -> Formula:
+    def formula(grad_out: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(per_element * grad_out.numel())
+
+    return formula
+
+
+# each output is a weighted sum of 2^n neighbours (2^n multiplies, 2^n - 1 adds);
+# bicubic of 16 neighbours; nearest copies one value (0) and its backward adds (1).
+_INTERPOLATION = {
+    "upsample_linear1d": 3,
+    "upsample_bilinear2d": 7,
+    "_upsample_bilinear2d_aa": 7,
+    "upsample_trilinear3d": 15,
+    "upsample_bicubic2d": 31,
+    "_upsample_bicubic2d_aa": 31,
+}
+for _name, _per_element in _INTERPOLATION.items():
+    BUILTIN[getattr(aten, _name)] = _interpolation(_per_element)
+    BUILTIN[getattr(aten, _name + "_backward")] = _interpolation_backward(_per_element)
+for _name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d"):
+    BUILTIN[getattr(aten, _name + "_backward")] = _scatter_grad
+
+# losses: FLOPs per input element, reduction included
+_LOSSES = {
+    "mse_loss": 3,  # subtract, square, reduce
+    "mse_loss_backward": 2,
+    "l1_loss": 3,
+    "smooth_l1_loss": 4,
+    "smooth_l1_loss_backward": 3,
+    "huber_loss": 4,
+    "huber_loss_backward": 3,
+    "binary_cross_entropy": 8,  # -(t log x + (1-t) log(1-x)), reduce
+    "binary_cross_entropy_backward": 5,
+    "binary_cross_entropy_with_logits": 8,
+    "soft_margin_loss": 4,
+    "soft_margin_loss_backward": 4,
+}
+for _name, _per_element in _LOSSES.items():
+    _packet = getattr(aten, _name, None)
+    if _packet is not None:
+        BUILTIN[_packet] = _reduction(_per_element)
+
+
+@_register(aten.nll_loss_forward, aten.nll_loss2d_forward)
+def nll_loss(x: torch.Tensor, target: torch.Tensor, weight: Any = None, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # one gathered value per target, summed (and weighted)
+    return OpCost(target.numel() * (1 + int(weight is not None)))
+
+
+@_register(aten.nll_loss_backward, aten.nll_loss2d_backward)
+def nll_loss_backward(grad_out: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(target.numel())
+
+
+# ---------------------------------------------------------------- zero-FLOP ops
+
+# Data movement, tensor creation and random numbers: counted, at 0 FLOPs.
+DATA_MOVEMENT_NAMES = """
+view _unsafe_view reshape _reshape_alias expand expand_as permute transpose t squeeze unsqueeze
+slice select as_strided alias detach split split_with_sizes unsafe_split unsafe_split_with_sizes
+chunk unbind narrow unfold view_as_real view_as_complex _conj _neg_view lift_fresh
+clone copy _copy_from _copy_from_and_resize _to_copy contiguous cat stack hstack vstack flip roll
+index index_select gather scatter masked_select masked_scatter index_put _index_put_impl take
+_unsafe_index _unsafe_index_put repeat repeat_interleave tile constant_pad_nd reflection_pad1d
+reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d replication_pad3d
+embedding upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d
+_upsample_nearest_exact2d _upsample_nearest_exact3d masked_fill where fill zero empty empty_like
+empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like new_ones
+full full_like new_full scalar_tensor arange linspace eye tril triu one_hot pixel_shuffle
+pixel_unshuffle channel_shuffle native_channel_shuffle im2col _local_scalar_dense item
+bernoulli rand rand_like randn randn_like randint randint_like randperm normal uniform
+_fused_dropout resize_ set_ select_backward slice_backward diagonal diag_embed
+expand_copy permute_copy view_copy transpose_copy t_copy unsqueeze_copy squeeze_copy
+select_copy slice_copy split_copy alias_copy detach_copy _assert_async _assert_tensor_metadata
+_functional_assert_async sym_constrain_range_for_size lift lift_fresh_copy _has_compatible_shallow_copy_type
+""".split()
+
+DATA_MOVEMENT: frozenset[Any] = frozenset(
+    packet for name in DATA_MOVEMENT_NAMES for suffix in ("", "_") if (packet := getattr(aten, name + suffix, None)) is not None
+)
+
+# Shape and metadata queries: not computation, not even listed.
+METADATA = frozenset(
+    {
+        aten.sym_is_contiguous.default if hasattr(aten, "sym_is_contiguous") else aten.is_contiguous.default,
+        aten.is_contiguous.default,
+        aten.is_contiguous.memory_format,
+        aten.is_strides_like_format.default,
+        aten.is_non_overlapping_and_dense.default,
+        aten.size.default,
+        aten.sym_size.default,
+        aten.stride.default,
+        aten.sym_stride.default,
+        aten.storage_offset.default,
+        aten.sym_storage_offset.default,
+        aten.numel.default,
+        aten.sym_numel.default,
+        aten.dim.default,
+        aten.is_same_size.default,
+        torch.ops.prim.layout.default,
+        torch.ops.prim.device.default,
+    }
+)

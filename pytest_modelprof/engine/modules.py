@@ -1,0 +1,150 @@
+"""Which module (dotted path) is running, in the forward pass and in the backward pass.
+
+Forward: global module pre/post hooks, registered only while a profile runs, keep a
+stack of frames. A module's path is its name under the module that called it, so a
+module shared by two parents is attributed to whichever parent ran it; a module
+called from outside its parent falls back to its first path in ``named_modules``.
+
+Backward: every autograd node gets a sequence number when the forward creates it.
+At each module entry and exit the tracker records the next sequence number and the
+stack at that moment; an op in the backward pass is attributed to the stack that was
+active when its node (``torch._C._current_autograd_node()``) was created. This is
+exact for modules called several times, shared modules and re-entrant calls, and it
+needs no hooks on tensors.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+StackKey = tuple[str, ...]
+"""The dotted paths of the modules running, outermost first, each path once."""
+
+ROOT: StackKey = ("",)
+
+_get_sequence_nr = torch.autograd._get_sequence_nr  # type: ignore[attr-defined]
+# AccumulateGrad nodes (one per leaf) all carry this sequence number.
+_ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1
+
+
+def ancestors(path: str) -> StackKey:
+    """The stack key of ``path`` and all its ancestors: ``"a.b"`` -> ``("", "a", "a.b")``."""
+    if not path:
+        return ROOT
+    parts = path.split(".")
+    return ("",) + tuple(".".join(parts[: i + 1]) for i in range(len(parts)))
+
+
+class ModuleTracker:
+    """Tracks the module stack of one model while it is profiled (a context manager)."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+        self.first_path: dict[int, str] = {}
+        for path, module in root.named_modules(remove_duplicate=False):
+            self.first_path.setdefault(id(module), path)
+        self.frames: list[tuple[str, nn.Module, StackKey]] = []
+        self.key: StackKey = ()
+        self.calls: Counter[str] = Counter()
+        self._child_names: dict[tuple[int, int], str | None] = {}
+        self._boundary_seqs: list[int] = []
+        self._boundary_keys: list[StackKey] = []
+        self._node_keys: dict[int, StackKey] = {}
+        self._param_keys: dict[int, StackKey] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> ModuleTracker:
+        self._handles = [
+            register_module_forward_pre_hook(self._enter),
+            register_module_forward_hook(self._exit),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def watch_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Attribute gradient accumulation for these (name -> tensor) leaves to their owners."""
+        for name, tensor in tensors.items():
+            self._param_keys[id(tensor)] = ancestors(name.rpartition(".")[0])
+
+    # forward -------------------------------------------------------------
+
+    def _path_of(self, module: nn.Module) -> str:
+        if self.frames:
+            parent_path, parent, _ = self.frames[-1]
+            pair = (id(parent), id(module))
+            name = self._child_names.get(pair, "")
+            if name == "":
+                name = next((n for n, child in parent._modules.items() if child is module), None)
+                self._child_names[pair] = name
+            if name is not None:
+                return f"{parent_path}.{name}" if parent_path else name
+        return self.first_path[id(module)]
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        if id(module) not in self.first_path:
+            return
+        path = self._path_of(module)
+        if not self.frames:
+            # a module entered with nothing above it: the model itself, or a
+            # checkpointed submodule recomputed during the backward pass
+            key = ancestors(path)
+        elif path in self.key:
+            key = self.key
+        else:
+            key = self.key + (path,)
+        self.frames.append((path, module, key))
+        self.key = key
+        if not _in_backward():
+            self.calls[path] += 1
+        self._mark()
+
+    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) not in self.first_path:
+            return
+        while self.frames:
+            _, frame_module, _ = self.frames.pop()
+            if frame_module is module:
+                break
+        self.key = self.frames[-1][2] if self.frames else ()
+        self._mark()
+
+    def _mark(self) -> None:
+        self._boundary_seqs.append(_get_sequence_nr())
+        self._boundary_keys.append(self.key)
+
+    def innermost(self) -> tuple[str, nn.Module] | None:
+        """The deepest module still running (after an exception: where it was raised)."""
+        if not self.frames:
+            return None
+        path, module, _ = self.frames[-1]
+        return path, module
+
+    # backward ------------------------------------------------------------
+
+    def key_of_node(self, node: Any) -> StackKey:
+        """The module stack that was active when the forward created ``node``."""
+        if node is None:
+            return ROOT
+        seq = node._sequence_nr()
+        if seq == _ACCUMULATE_GRAD_SEQUENCE_NR:
+            return self._param_keys.get(id(node.variable), ROOT)
+        key = self._node_keys.get(seq)
+        if key is None:
+            index = bisect.bisect_right(self._boundary_seqs, seq) - 1
+            key = self._boundary_keys[index] if index >= 0 else ()
+            self._node_keys[seq] = key
+        return key
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1

@@ -1,0 +1,140 @@
+"""What a profile run returns: plain dataclasses of raw numbers (FLOPs, bytes, counts).
+
+Units and formatting belong to the reports; everything here is an integer or a
+plain string, and round-trips through :meth:`Profile.to_dict` / :meth:`Profile.from_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+PHASES = ("forward", "loss", "backward", "recompute")
+
+
+@dataclass
+class ModuleStats:
+    """One module of the profiled model, at one dotted path.
+
+    FLOPs are inclusive (the module and everything it called); ``self_*`` excludes
+    what ran inside child modules. ``recompute_flops`` is forward work repeated in
+    the backward pass by activation checkpointing.
+    """
+
+    path: str
+    type: str
+    depth: int
+    calls: int = 0
+    params: int = 0
+    forward_flops: int = 0
+    backward_flops: int = 0
+    recompute_flops: int = 0
+    forward_macs: int = 0
+    backward_macs: int = 0
+    self_forward_flops: int = 0
+    self_backward_flops: int = 0
+    share: float = 0.0
+
+    @property
+    def flops(self) -> int:
+        """All FLOPs this module ran: forward, backward and recomputation."""
+        return self.forward_flops + self.backward_flops + self.recompute_flops
+
+    @property
+    def macs(self) -> int:
+        return self.forward_macs + self.backward_macs
+
+    @property
+    def name(self) -> str:
+        """The last component of the path ("" for the root)."""
+        return self.path.rpartition(".")[2]
+
+
+@dataclass
+class OpStats:
+    """One ATen operator (overload packet, e.g. ``aten.mm``) in one phase."""
+
+    op: str
+    phase: str
+    calls: int = 0
+    flops: int = 0
+    macs: int = 0
+    modules: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Profile:
+    """FLOPs, MACs and parameter figures of one profiled workload.
+
+    ``flops`` and ``macs`` cover the whole workload: the forward pass for inference;
+    forward, loss, backward and any recomputation for a training step (``train=True``).
+    """
+
+    model: str
+    train: bool
+    device: str
+    analytic: bool
+    forward_flops: int = 0
+    loss_flops: int = 0
+    backward_flops: int = 0
+    recompute_flops: int = 0
+    forward_macs: int = 0
+    loss_macs: int = 0
+    backward_macs: int = 0
+    recompute_macs: int = 0
+    params: int = 0
+    trainable_params: int = 0
+    buffers: int = 0
+    param_bytes: int = 0
+    buffer_bytes: int = 0
+    modules: list[ModuleStats] = field(default_factory=list)
+    ops: list[OpStats] = field(default_factory=list)
+    uncounted: dict[str, int] = field(default_factory=dict)
+    name: str | None = None
+
+    @property
+    def flops(self) -> int:
+        return self.forward_flops + self.loss_flops + self.backward_flops + self.recompute_flops
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / 1e9
+
+    @property
+    def macs(self) -> int:
+        return self.forward_macs + self.loss_macs + self.backward_macs + self.recompute_macs
+
+    @property
+    def model_size_bytes(self) -> int:
+        """Bytes of parameters and buffers (each storage counted once)."""
+        return self.param_bytes + self.buffer_bytes
+
+    def module(self, path: str) -> ModuleStats:
+        """The stats of the module at ``path`` ("" is the model itself)."""
+        for stats in self.modules:
+            if stats.path == path:
+                return stats
+        known = ", ".join(repr(m.path) for m in self.modules[:8])
+        raise KeyError(f"no module at path {path!r} in this profile (paths include {known})")
+
+    def op(self, op: str, phase: str | None = None) -> OpStats:
+        """Totals for one operator (e.g. ``"aten.mm"``), over all phases unless one is given."""
+        rows = [row for row in self.ops if row.op == op and (phase is None or row.phase == phase)]
+        if not rows:
+            raise KeyError(f"operator {op!r} did not run{'' if phase is None else f' in {phase}'}")
+        modules = sorted({path for row in rows for path in row.modules})
+        return OpStats(op, phase or "all", sum(r.calls for r in rows), sum(r.flops for r in rows), sum(r.macs for r in rows), modules)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.update(flops=self.flops, macs=self.macs, model_size_bytes=self.model_size_bytes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["modules"] = [ModuleStats(**m) for m in data.get("modules", [])]
+        values["ops"] = [OpStats(**o) for o in data.get("ops", [])]
+        return cls(**values)

@@ -1,0 +1,303 @@
+"""Runs a workload once under the meters: a forward pass, or a whole training step.
+
+Real runs execute on CPU or CUDA tensors. Analytic runs (``device="meta"``, or a
+model or inputs that are already fake tensors) execute on fake tensors that claim
+the model's real device, so the same kernels are chosen as in a real run, while
+nothing is allocated or computed.
+
+The caller's model is never modified: parameters and buffers are swapped in for
+the run with :func:`torch.func.functional_call` (detached views of the caller's
+tensors, clones of buffers where a training step would update them), module
+hooks live only during the run, the train/eval flags and the RNG state are
+restored, and inputs are copied before the model sees them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .flops import FlopMeter
+from .modules import ModuleTracker, StackKey
+from .result import ModuleStats, OpStats, Profile
+
+
+class ProfileError(RuntimeError):
+    """The workload could not be profiled: bad input, or the model raised."""
+
+
+def profile(
+    model: nn.Module,
+    inputs: Any = (),
+    *,
+    train: bool = False,
+    loss_fn: Any = None,
+    device: str | torch.device | None = None,
+) -> Profile:
+    """Profile one forward pass (``train=False``) or one training step of ``model``.
+
+    ``inputs`` is a tensor, a tuple (or list) of positional inputs, a dict of keyword
+    inputs, or a pair ``(args_tuple, kwargs_dict)``. Inference runs the model in eval
+    mode under ``torch.no_grad()``; ``train=True`` runs it in train mode and profiles
+    the forward pass, the loss (``loss_fn(output)``, by default the sum of every
+    floating-point tensor in the output) and the backward pass.
+
+    ``device=None`` runs on the device of the model's parameters; ``"cpu"`` or
+    ``"cuda"`` runs there (the caller's model is not moved); ``"meta"`` is analytic
+    mode: fake tensors, no allocation, no computation, the same figures.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
+    args, kwargs = _split_inputs(inputs)
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    named_params = dict(model.named_parameters())
+    named_buffers = dict(model.named_buffers())
+    fake_mode, target = _choose_mode(model, named_params, named_buffers, (args, kwargs), device)
+
+    tracker = ModuleTracker(model)
+    meter = FlopMeter(tracker)
+    training_flags = {module: module.training for module in model.modules()}
+    with contextlib.ExitStack() as stack:
+        params, buffers, run_args, run_kwargs = _prepare(named_params, named_buffers, args, kwargs, fake_mode, target, train)
+        if fake_mode is None:
+            stack.enter_context(torch.random.fork_rng(devices=[target] if target.type == "cuda" else [], device_type=target.type))
+        else:
+            stack.enter_context(fake_mode)
+        tracker.watch_parameters(params)
+        stack.enter_context(_restore_training_flags(training_flags))
+        model.train(train)
+        stack.enter_context(tracker)
+        stack.enter_context(meter)
+        _run(model, {**params, **buffers}, run_args, run_kwargs, train, loss_fn, tracker, meter)
+
+    return _build_profile(model, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
+
+
+def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, dict):
+        _check_keywords(inputs)
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        if len(inputs) == 2 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[1], dict):
+            _check_keywords(inputs[1])
+            return tuple(inputs[0]), dict(inputs[1])
+        return tuple(inputs), {}
+    raise TypeError(
+        "inputs must be a tensor, a tuple of positional inputs, a dict of keyword inputs "
+        f"or a pair (args, kwargs); got {type(inputs).__name__}"
+    )
+
+
+def _check_keywords(kwargs: dict[Any, Any]) -> None:
+    bad = [k for k in kwargs if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"keyword inputs need string keys, got {bad[0]!r}")
+
+
+def _choose_mode(
+    model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], inputs: Any, device: str | torch.device | None
+) -> tuple[FakeTensorMode | None, torch.device]:
+    tensors = [*params.values(), *buffers.values(), *(t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor))]
+    existing_fake = next((t.fake_mode for t in tensors if isinstance(t, FakeTensor)), None)
+    model_device = next((t.device for t in tensors if not isinstance(t, FakeTensor)), None)
+    if existing_fake is not None:
+        fake_device = next(t.device for t in tensors if isinstance(t, FakeTensor))
+        return existing_fake, fake_device
+    requested = torch.device(device) if device is not None else None
+    if requested is not None and requested.type == "meta":
+        # fake tensors claim the model's own device, so kernels are chosen as in a real run
+        claimed = model_device if model_device is not None and model_device.type != "meta" else torch.device("cpu")
+        return FakeTensorMode(allow_non_fake_inputs=False), claimed
+    target = requested or model_device or torch.device("cpu")
+    if target.type == "meta":
+        raise ProfileError(f"{type(model).__name__} has tensors on the meta device: profile it analytically with device='meta'")
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ProfileError(f"device {str(target)!r} was asked for, but CUDA is not available on this machine")
+    return None, target
+
+
+def _prepare(
+    named_params: dict[str, torch.Tensor],
+    named_buffers: dict[str, torch.Tensor],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    fake_mode: FakeTensorMode | None,
+    target: torch.device,
+    train: bool,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any]]:
+    """Tensors for the run (made outside any fake mode): the caller's never receive gradients or in-place updates."""
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        if fake_mode is None:
+            return t.detach().to(target)
+        if isinstance(t, FakeTensor):
+            return t.detach()
+        if t.device.type == "meta":
+            return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t.detach(), target)
+        return fake_mode.from_tensor(t.detach())
+
+    def parameter(t: torch.Tensor) -> torch.Tensor:
+        return convert(t).requires_grad_(train and t.requires_grad)
+
+    def copy(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        copied = t.detach().to(target, copy=True) if fake_mode is None else convert(t)
+        if copied.is_floating_point() or copied.is_complex():
+            copied.requires_grad_(t.requires_grad)
+        return copied
+
+    params = {name: parameter(t) for name, t in named_params.items()}
+    buffers = {name: copy(t) if train else convert(t) for name, t in named_buffers.items()}
+    run_args, run_kwargs = tree_map(copy, (args, kwargs))
+    return params, buffers, run_args, run_kwargs
+
+
+def _run(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    train: bool,
+    loss_fn: Any,
+    tracker: ModuleTracker,
+    meter: FlopMeter,
+) -> None:
+    try:
+        with torch.set_grad_enabled(train):
+            output = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
+    except Exception as error:
+        raise _model_error(model, tracker, error) from error
+    if not train:
+        return
+    meter.region = "loss"
+    try:
+        loss = loss_fn(output) if loss_fn is not None else _sum_of_outputs(output)
+    except Exception as error:
+        raise ProfileError(f"the loss function raised {type(error).__name__}: {error}") from error
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ProfileError(f"the loss must be a scalar tensor, got {shape}")
+    if not loss.requires_grad:
+        raise ProfileError("the loss does not depend on any parameter that requires grad: nothing to backpropagate")
+    try:
+        loss.backward()
+    except Exception as error:
+        raise ProfileError(f"the backward pass of {type(model).__name__} raised {type(error).__name__}: {error}") from error
+
+
+def _sum_of_outputs(output: Any) -> torch.Tensor:
+    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+    if not tensors:
+        raise ProfileError("the model's output holds no floating-point tensor to sum into a loss; pass loss_fn")
+    loss = tensors[0].sum()
+    for t in tensors[1:]:
+        loss = loss + t.sum()
+    return loss.real if loss.is_complex() else loss
+
+
+def _model_error(model: nn.Module, tracker: ModuleTracker, error: Exception) -> ProfileError:
+    where = tracker.innermost()
+    if where is None:
+        place = f"{type(model).__name__} (the model itself)"
+    else:
+        path, module = where
+        place = f"module {path or '<root>'!r} ({type(module).__name__})"
+    return ProfileError(f"{place} raised {type(error).__name__}: {error}")
+
+
+@contextlib.contextmanager
+def _restore_training_flags(flags: dict[nn.Module, bool]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for module, training in flags.items():
+            module.training = training
+
+
+def _build_profile(
+    model: nn.Module,
+    meter: FlopMeter,
+    tracker: ModuleTracker,
+    named_params: dict[str, torch.Tensor],
+    named_buffers: dict[str, torch.Tensor],
+    train: bool,
+    target: torch.device,
+    analytic: bool,
+) -> Profile:
+    unique_params = list(model.parameters())
+    unique_buffers = list(model.buffers())
+    result = Profile(
+        model=type(model).__name__,
+        train=train,
+        device=str(target),
+        analytic=analytic,
+        params=sum(p.numel() for p in unique_params),
+        trainable_params=sum(p.numel() for p in unique_params if p.requires_grad),
+        buffers=sum(b.numel() for b in unique_buffers),
+        param_bytes=sum(p.numel() * p.element_size() for p in unique_params),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in unique_buffers),
+        uncounted=dict(sorted(meter.uncounted.items())),
+    )
+    modules = _module_rows(model, tracker)
+    ops: dict[tuple[str, str], OpStats] = {}
+    for (phase, key, name), (calls, flops, macs) in meter.tally.items():
+        setattr(result, f"{phase}_flops", getattr(result, f"{phase}_flops") + flops)
+        setattr(result, f"{phase}_macs", getattr(result, f"{phase}_macs") + macs)
+        row = ops.setdefault((name, phase), OpStats(name, phase))
+        row.calls += calls
+        row.flops += flops
+        row.macs += macs
+        if key:
+            row.modules.append(key[-1])
+        _attribute(modules, key, phase, flops, macs)
+    for row in ops.values():
+        row.modules = sorted(set(row.modules))
+    result.ops = sorted(ops.values(), key=lambda r: (-r.flops, r.op, r.phase))
+    total = result.flops
+    for stats in modules.values():
+        stats.share = stats.flops / total if total else 0.0
+    result.modules = list(modules.values())
+    return result
+
+
+def _module_rows(model: nn.Module, tracker: ModuleTracker) -> dict[str, ModuleStats]:
+    rows: dict[str, ModuleStats] = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        rows[path] = ModuleStats(
+            path=path,
+            type=type(module).__name__,
+            depth=path.count(".") + 1 if path else 0,
+            calls=tracker.calls.get(path, 0),
+            params=sum(p.numel() for p in module.parameters()),
+        )
+    return rows
+
+
+def _attribute(modules: dict[str, ModuleStats], key: StackKey, phase: str, flops: int, macs: int) -> None:
+    if not key or phase == "loss":
+        return
+    innermost = modules[key[-1]]
+    if phase == "forward":
+        innermost.self_forward_flops += flops
+    elif phase == "backward":
+        innermost.self_backward_flops += flops
+    for path in key:
+        stats = modules[path]
+        if phase == "forward":
+            stats.forward_flops += flops
+            stats.forward_macs += macs
+        elif phase == "backward":
+            stats.backward_flops += flops
+            stats.backward_macs += macs
+        else:
+            stats.recompute_flops += flops

@@ -1,0 +1,24 @@
+"""Hooks that plugins implement to extend pytest-modelprof (``pytest_modelprof_*``).
+
+They are added to pytest's plugin manager by :func:`pytest_modelprof.plugin.pytest_addhooks`;
+a plugin implements them like any pytest hook (a function of that name in a
+``conftest.py`` or in a module registered under the ``pytest11`` entry point).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+@pytest.hookspec
+def pytest_modelprof_flop_formulas() -> dict[Any, Any] | None:
+    """Return FLOP formulas for custom ops, as ``{op: formula}``.
+
+    Each ``op`` is an operator such as ``torch.ops.mylib.fused_gelu``; each formula is
+    called as ``formula(*args, out_val=output, **kwargs)`` and returns FLOPs (an
+    ``int``), ``OpCost(flops, macs)``, or ``None`` when a call cannot be counted (see
+    :func:`pytest_modelprof.register_flop_formula`). The formulas are registered when
+    the session starts and removed when it ends.
+    """
