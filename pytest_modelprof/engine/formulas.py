@@ -369,11 +369,15 @@ ELEMENTWISE: dict[str, int] = {
         pow floor ceil round trunc frac remainder fmod floor_divide eq ne lt le gt ge
         logical_not logical_and logical_or logical_xor bitwise_not bitwise_and bitwise_or
         bitwise_xor isnan isinf nan_to_num square copysign hypot xlogy special_xlog1py
-        heaviside signbit sinc""".split(),
+        heaviside signbit sinc threshold_backward""".split(),
         1,
     ),
-    **dict.fromkeys("clamp clip hardtanh relu6 silu glu _prelu_kernel prelu threshold_backward leaky_relu_backward hardtanh_backward".split(), 2),
-    **dict.fromkeys("addcmul addcdiv lerp softplus logit sigmoid_backward tanh_backward elu_backward _prelu_kernel_backward".split(), 3),
+    **dict.fromkeys(
+        """clamp clip hardtanh relu6 silu glu _prelu_kernel prelu leaky_relu_backward
+        hardtanh_backward hardsigmoid_backward hardshrink hardshrink_backward softshrink_backward""".split(),
+        2,
+    ),
+    **dict.fromkeys("addcmul addcdiv lerp softplus logit softshrink sigmoid_backward tanh_backward elu_backward _prelu_kernel_backward".split(), 3),
     **dict.fromkeys("elu celu hardsigmoid log_sigmoid_forward log_sigmoid_backward softplus_backward hardswish_backward".split(), 4),
     **dict.fromkeys("gelu selu hardswish mish glu_backward".split(), 5),
     "silu_backward": 6,
@@ -602,6 +606,8 @@ for _op in (aten.adaptive_max_pool2d_backward, aten.adaptive_max_pool3d_backward
 # ---------------------------------------------------------------- embedding, upsampling, losses
 
 BUILTIN[aten.embedding_dense_backward] = _scatter_grad
+for _name in ("reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d"):
+    BUILTIN[getattr(aten, _name + "_backward")] = _scatter_grad
 
 
 @_register(aten._embedding_bag, aten._embedding_bag_forward_only)
@@ -609,6 +615,18 @@ def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Te
     per_sample_weights = kwargs.get("per_sample_weights", args[3] if len(args) > 3 else None)
     gathered = indices.numel() * weight.shape[1]
     return OpCost(gathered * (1 + int(per_sample_weights is not None)))
+
+
+@_register(aten._embedding_bag_backward, aten._embedding_bag_dense_backward)
+def embedding_bag_backward(grad: torch.Tensor, indices: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # every looked-up row receives its bag's gradient: one add per gathered element
+    return OpCost(indices.numel() * grad.shape[-1])
+
+
+@_register(aten._embedding_bag_per_sample_weights_backward)
+def embedding_bag_weights_backward(grad: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # a dot product of each gathered row with its bag's gradient
+    return _matmul(indices.numel() * weight.shape[1])
 
 
 def _interpolation(per_element: int) -> Formula:
@@ -644,22 +662,34 @@ for _name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", 
 # losses: FLOPs per input element, reduction included
 _LOSSES = {
     "mse_loss": 3,  # subtract, square, reduce
-    "mse_loss_backward": 2,
     "l1_loss": 3,
     "smooth_l1_loss": 4,
-    "smooth_l1_loss_backward": 3,
     "huber_loss": 4,
-    "huber_loss_backward": 3,
     "binary_cross_entropy": 8,  # -(t log x + (1-t) log(1-x)), reduce
-    "binary_cross_entropy_backward": 5,
     "binary_cross_entropy_with_logits": 8,
     "soft_margin_loss": 4,
+}
+# their backward ops take (grad_output, input, target, ...): per input element
+_LOSS_BACKWARDS = {
+    "mse_loss_backward": 3,  # (x - t) * 2 * g / n
+    "smooth_l1_loss_backward": 3,
+    "huber_loss_backward": 3,
+    "binary_cross_entropy_backward": 5,  # g * (x - t) / (x (1 - x))
     "soft_margin_loss_backward": 4,
 }
+
+
+def _loss_backward(per_element: int) -> Formula:
+    def formula(grad_out: torch.Tensor, x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(per_element * x.numel())
+
+    return formula
+
+
 for _name, _per_element in _LOSSES.items():
-    _packet = getattr(aten, _name, None)
-    if _packet is not None:
-        BUILTIN[_packet] = _reduction(_per_element)
+    BUILTIN[getattr(aten, _name)] = _reduction(_per_element)
+for _name, _per_element in _LOSS_BACKWARDS.items():
+    BUILTIN[getattr(aten, _name)] = _loss_backward(_per_element)
 
 
 @_register(aten.nll_loss_forward, aten.nll_loss2d_forward)

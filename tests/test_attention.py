@@ -1,0 +1,118 @@
+"""Attention on every CPU path, against a hand-derived attention block.
+
+Per query head, scores Q K^T cost s_q * s_k * d MACs and the weighted sum P V
+s_q * s_k * d_v MACs; FLOPs add, per score, the scaling (1) and the softmax (5).
+"""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention
+
+from pytest_modelprof import profile
+
+B, L, E, H = 2, 10, 32, 4
+D = E // H
+
+
+class Attention(nn.Module):
+    def __init__(self, kv_heads=H):
+        super().__init__()
+        self.kv_heads = kv_heads
+        self.q = nn.Linear(E, E, bias=False)
+        self.kv = nn.Linear(E, 2 * kv_heads * D, bias=False)
+        self.out = nn.Linear(E, E, bias=False)
+
+    def forward(self, x):
+        q = self.q(x).view(B, L, H, D).transpose(1, 2)
+        k, v = self.kv(x).view(B, L, 2, self.kv_heads, D).permute(2, 0, 3, 1, 4)
+        y = scaled_dot_product_attention(q, k, v, enable_gqa=self.kv_heads != H)
+        return self.out(y.transpose(1, 2).reshape(B, L, E))
+
+
+def attention_block_macs(kv_heads):
+    projections = B * L * E * E + B * L * E * 2 * kv_heads * D + B * L * E * E
+    attention = B * H * L * L * (D + D)
+    return projections, attention
+
+
+@pytest.mark.parametrize("kv_heads", [H, 2], ids=["mha", "gqa"])
+def test_attention_block_by_hand(kv_heads):
+    x = torch.randn(B, L, E)
+    result = profile(Attention(kv_heads), x)
+    projections, attention = attention_block_macs(kv_heads)
+    assert result.macs == projections + attention
+    assert result.flops == 2 * (projections + attention) + B * H * L * L * (1 + 5)
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" in {op.op for op in result.ops}
+
+
+def test_math_backend_counts_the_same_macs():
+    x = torch.randn(B, L, E)
+    with sdpa_kernel(SDPBackend.MATH):
+        result = profile(Attention(), x)
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" not in {op.op for op in result.ops}
+    assert result.macs == sum(attention_block_macs(H))
+    assert result.uncounted == {}
+
+
+def test_fused_attention_backward_recomputes_scores():
+    q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
+
+    class Sdpa(nn.Module):
+        def forward(self, q, k, v):
+            return scaled_dot_product_attention(q, k, v)
+
+    result = profile(Sdpa(), (q, k, v), train=True)
+    # recomputed scores (d), dV (d), dP (d), dQ (d), dK (d)
+    assert result.backward_macs == B * H * L * L * 5 * D
+
+
+def test_causal_mask_and_explicit_mask_are_counted():
+    q = torch.randn(1, H, L, D)
+    mask = torch.ones(L, L, dtype=torch.bool).tril()
+
+    class Masked(nn.Module):
+        def forward(self, q):
+            return scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    result = profile(Masked(), q)
+    assert result.flops == 2 * H * L * L * 2 * D + H * L * L * (1 + 5 + 1)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(E, H, batch_first=True)
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+def test_multihead_attention_fast_path_matches_the_slow_path():
+    x = torch.randn(B, L, E)
+    model = SelfAttention()
+    fast = profile(model, x)
+    assert [op.op for op in fast.ops] == ["aten._native_multi_head_attention"]
+    slow = profile(model, x, train=True)
+    assert "aten._native_multi_head_attention" not in {op.op for op in slow.ops}
+    macs = 3 * B * L * E * E + B * H * L * L * 2 * D + B * L * E * E
+    assert fast.forward_macs == slow.forward_macs == macs
+    assert fast.forward_flops == slow.forward_flops
+
+
+def test_transformer_encoder_layer_fast_path_matches_the_slow_path():
+    layer = nn.TransformerEncoderLayer(E, H, dim_feedforward=64, dropout=0.0, batch_first=True)
+    x = torch.randn(B, L, E)
+    fast = profile(layer, x)
+    assert [op.op for op in fast.ops] == ["aten._transformer_encoder_layer_fwd"]
+    slow = profile(layer, x, train=True)
+    macs = 4 * B * L * E * E + B * H * L * L * 2 * D + 2 * B * L * E * 64
+    assert fast.forward_macs == slow.forward_macs == macs
+    assert fast.forward_flops == slow.forward_flops
+
+
+def test_gelu_transformer_encoder_layer_fast_path_matches_the_slow_path():
+    layer = nn.TransformerEncoderLayer(E, H, dim_feedforward=64, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+    x = torch.randn(B, L, E)
+    assert profile(layer, x).forward_flops == profile(layer, x, train=True).forward_flops

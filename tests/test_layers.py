@@ -1,0 +1,190 @@
+"""Norms, pooling, activations, embedding, upsampling and losses.
+
+Hand figures follow the documented convention (pytest_modelprof.engine.formulas);
+the sweep at the end checks that no op of any listed layer goes uncounted, in eval
+and in train mode, and that every layer that computes reports non-zero FLOPs.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_modelprof import profile
+
+N, C, S = 2, 4, 8
+NUMEL = N * C * S * S
+
+
+def x4():
+    return torch.randn(N, C, S, S)
+
+
+def test_batch_norm_inference_normalises_and_scales():
+    assert profile(nn.BatchNorm2d(C), x4()).flops == 4 * NUMEL
+
+
+def test_batch_norm_training_adds_statistics():
+    result = profile(nn.BatchNorm2d(C), x4(), train=True)
+    # statistics 4 + normalise 2 + affine 2 per element, and num_batches_tracked += 1
+    assert result.forward_flops == 8 * NUMEL + 1
+
+
+def test_layer_norm():
+    assert profile(nn.LayerNorm(S), x4()).flops == 8 * NUMEL
+    assert profile(nn.LayerNorm(S, elementwise_affine=False), x4()).flops == 6 * NUMEL
+
+
+def test_group_norm_and_instance_norm():
+    assert profile(nn.GroupNorm(2, C), x4()).flops == 8 * NUMEL
+    assert profile(nn.InstanceNorm2d(C), x4()).flops == 6 * NUMEL
+
+
+def test_rms_norm_decomposed():
+    # x * rsqrt(mean(x^2) + eps) * weight: square, mean, multiply, weight per element;
+    # add and rsqrt per row
+    rows = NUMEL // S
+    assert profile(nn.RMSNorm(S), x4()).flops == 4 * NUMEL + 2 * rows
+
+
+def test_max_pool_compares_every_window_element():
+    result = profile(nn.MaxPool2d(3, stride=2, padding=1), x4())
+    assert result.flops == N * C * 4 * 4 * 9
+
+
+def test_avg_pool_adds_and_divides():
+    assert profile(nn.AvgPool2d(2), x4()).flops == N * C * 4 * 4 * (4 + 1)
+
+
+def test_adaptive_average_pool_sums_exact_windows():
+    # 8 -> 3 windows [0,3) [2,6) [5,8): 3 + 4 + 3 = 10 elements;
+    # 8 -> 5 windows [0,2) [1,4) [3,5) [4,7) [6,8): 2 + 3 + 2 + 3 + 2 = 12
+    result = profile(nn.AdaptiveAvgPool2d((3, 5)), x4())
+    assert result.flops == N * C * 10 * 12 + N * C * 15
+
+
+@pytest.mark.parametrize(
+    "layer, per_element",
+    [
+        (nn.ReLU(), 1),
+        (nn.Sigmoid(), 1),
+        (nn.SiLU(), 2),
+        (nn.GELU(), 5),
+        (nn.GELU("tanh"), 9),
+        (nn.Hardswish(), 5),
+        (nn.Softmax(-1), 5),
+        (nn.LogSoftmax(-1), 5),
+    ],
+)
+def test_activation_cost_per_element(layer, per_element):
+    assert profile(layer, x4()).flops == per_element * NUMEL
+
+
+def test_relu_backward_is_one_per_element():
+    x = x4().requires_grad_()
+    assert profile(nn.ReLU(), x, train=True).backward_flops == NUMEL
+
+
+def test_elementwise_arithmetic_counts_output_elements():
+    class Arithmetic(nn.Module):
+        def forward(self, a, b):
+            return (a + b) * b - a / 2
+
+    a, b = torch.randn(3, 5), torch.randn(5)
+    assert profile(Arithmetic(), (a, b)).flops == 4 * 15
+
+
+def test_embedding_lookup_is_data_movement():
+    embedding = nn.Embedding(100, 16)
+    indices = torch.randint(0, 100, (4, 7))
+    result = profile(embedding, indices, train=True)
+    assert result.macs == 0
+    assert result.op("aten.embedding").calls == 1
+    assert result.op("aten.embedding").flops == 0
+    assert result.backward_flops == 4 * 7 * 16  # gradients added into the looked-up rows
+
+
+def test_upsampling():
+    assert profile(nn.Upsample(scale_factor=2, mode="bilinear"), x4()).flops == 7 * NUMEL * 4
+    nearest = profile(nn.Upsample(scale_factor=2), x4())
+    assert nearest.flops == 0
+    assert nearest.op("aten.upsample_nearest2d").calls == 1
+
+
+class WithTarget(nn.Module):
+    def __init__(self, loss, target):
+        super().__init__()
+        self.loss = loss
+        self.register_buffer("target", target)
+
+    def forward(self, x):
+        return self.loss(x, self.target)
+
+
+def test_cross_entropy_is_log_softmax_and_gather():
+    logits = torch.randn(6, 10)
+    model = WithTarget(nn.CrossEntropyLoss(), torch.randint(0, 10, (6,)))
+    assert profile(model, logits).flops == 5 * 60 + 6
+
+
+def test_mse_loss_forward_and_backward():
+    x = torch.randn(6, 10, requires_grad=True)
+    result = profile(WithTarget(nn.MSELoss(), torch.randn(6, 10)), x, train=True)
+    assert result.forward_flops == 3 * 60
+    assert result.backward_flops == 3 * 60
+
+
+def images():
+    return torch.randn(N, C, S, S)
+
+
+SWEEP = {
+    "BatchNorm1d": (nn.BatchNorm1d(C), torch.randn(3, C, 5)),
+    "BatchNorm3d": (nn.BatchNorm3d(C), torch.randn(2, C, 3, 3, 3)),
+    "InstanceNorm2d-affine": (nn.InstanceNorm2d(C, affine=True, track_running_stats=True), images()),
+    "LocalResponseNorm": (nn.LocalResponseNorm(2), images()),
+    "MaxPool1d": (nn.MaxPool1d(2), torch.randn(2, C, 8)),
+    "MaxPool3d": (nn.MaxPool3d(2), torch.randn(1, 2, 4, 4, 4)),
+    "AvgPool1d": (nn.AvgPool1d(2), torch.randn(2, C, 8)),
+    "AvgPool3d": (nn.AvgPool3d(2), torch.randn(1, 2, 4, 4, 4)),
+    "AdaptiveAvgPool1d": (nn.AdaptiveAvgPool1d(3), torch.randn(2, C, 8)),
+    "AdaptiveAvgPool3d": (nn.AdaptiveAvgPool3d(2), torch.randn(1, 2, 5, 5, 5)),
+    "AdaptiveMaxPool2d": (nn.AdaptiveMaxPool2d(3), images()),
+    "LPPool2d": (nn.LPPool2d(2, 2), images()),
+    **{
+        name: (getattr(nn, name)(), images())
+        for name in """ReLU6 LeakyReLU PReLU ELU SELU CELU Mish Hardsigmoid Hardtanh Tanh Softplus Softsign
+        Tanhshrink LogSigmoid Hardshrink Softshrink GLU""".split()
+    },
+    "Softmin": (nn.Softmin(-1), images()),
+    "Dropout": (nn.Dropout(0.5), images()),
+    "Dropout2d": (nn.Dropout2d(0.5), images()),
+    "Upsample-bicubic": (nn.Upsample(scale_factor=2, mode="bicubic"), images()),
+    "Upsample-linear": (nn.Upsample(scale_factor=2, mode="linear"), torch.randn(2, C, 8)),
+    "Upsample-trilinear": (nn.Upsample(scale_factor=2, mode="trilinear"), torch.randn(1, 2, 4, 4, 4)),
+    "CosineSimilarity": (nn.CosineSimilarity(), (images(), images())),
+    "EmbeddingBag": (nn.EmbeddingBag(10, 8), torch.randint(0, 10, (3, 4))),
+    "L1Loss": (WithTarget(nn.L1Loss(), torch.randn(4, 5)), torch.randn(4, 5)),
+    "NLLLoss2d": (WithTarget(nn.NLLLoss(), torch.randint(0, 5, (2, 3, 3))), torch.randn(2, 5, 3, 3)),
+    "BCELoss": (WithTarget(nn.BCELoss(), torch.rand(4, 5)), torch.rand(4, 5)),
+    "BCEWithLogitsLoss": (WithTarget(nn.BCEWithLogitsLoss(), torch.rand(4, 5)), torch.randn(4, 5)),
+    "SmoothL1Loss": (WithTarget(nn.SmoothL1Loss(), torch.randn(4, 5)), torch.randn(4, 5)),
+    "HuberLoss": (WithTarget(nn.HuberLoss(), torch.randn(4, 5)), torch.randn(4, 5)),
+    "KLDivLoss": (WithTarget(nn.KLDivLoss(reduction="batchmean"), torch.rand(4, 5)), torch.randn(4, 5)),
+    "CrossEntropy-smoothing": (WithTarget(nn.CrossEntropyLoss(label_smoothing=0.1), torch.randint(0, 5, (4,))), torch.randn(4, 5)),
+    "ReflectionPad2d": (nn.ReflectionPad2d(1), images()),
+    "ReplicationPad2d": (nn.ReplicationPad2d(1), images()),
+}
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", sorted(SWEEP))
+def test_every_op_is_counted(name, train):
+    layer, inputs = SWEEP[name]
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    inputs = tuple(t.clone().requires_grad_(train and t.is_floating_point()) for t in inputs)
+    result = profile(layer, inputs, train=train)
+    assert result.uncounted == {}
+    moves_data_only = name.startswith(("ReflectionPad", "ReplicationPad")) or (name.startswith("Dropout") and not train)
+    assert (result.forward_flops == 0) == moves_data_only
+    if train:
+        assert result.backward_flops > 0
