@@ -1,0 +1,81 @@
+"""Analytic mode (fake tensors) gives the figures of a real run without allocating."""
+
+import dataclasses
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from models import TinyCNN, TinyTransformer, workloads
+from pytest_modelprof import profile
+
+
+def figures(result):
+    """Everything but where it ran, and the zero-FLOP bookkeeping ops (copies, detaches),
+    whose calls legitimately differ between fake and real kernels."""
+    data = result.to_dict()
+    del data["device"], data["analytic"]
+    data["ops"] = [op for op in data["ops"] if op["flops"]]
+    return data
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name, factory, inputs", workloads(), ids=[w[0] for w in workloads()])
+def test_analytic_equals_real(name, factory, inputs, train):
+    model = factory()
+    real = profile(model, inputs, train=train)
+    analytic = profile(model, inputs, train=train, device="meta")
+    assert analytic.analytic and not real.analytic
+    assert real.uncounted == {}
+    assert figures(analytic) == figures(real)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_analytic_equals_real_on_resnet18(train):
+    model = torchvision.models.resnet18(num_classes=10)
+    x = torch.randn(1, 3, 64, 64)
+    assert figures(profile(model, x, train=train, device="meta")) == figures(profile(model, x, train=train))
+
+
+def test_model_built_on_meta_matches_the_same_model_on_cpu():
+    with torch.device("meta"):
+        on_meta = TinyTransformer()
+    tokens = torch.randint(0, 50, (2, 12))
+    assert figures(profile(on_meta, tokens, device="meta")) == figures(profile(TinyTransformer(), tokens))
+
+
+def test_model_and_inputs_already_fake():
+    # (TransformerEncoder deep-copies its layer, which torch warns about under fake mode)
+    with FakeTensorMode():
+        model = TinyCNN()
+        images = torch.randn(2, 3, 16, 16)
+    result = profile(model, images, train=True)
+    assert result.analytic
+    assert figures(result) == figures(profile(TinyCNN(), torch.randn(2, 3, 16, 16), train=True))
+
+
+def test_analytic_mode_allocates_nothing():
+    # 40 GB of weights and a 400 MB activation: fine, because none of it exists
+    with torch.device("meta"):
+        huge = nn.Linear(100_000, 100_000, bias=False)
+    result = profile(huge, torch.randn(1000, 100_000, device="meta"), device="meta", train=True)
+    assert result.forward_macs == 1000 * 100_000 * 100_000
+    assert result.backward_macs == 1000 * 100_000 * 100_000  # weight gradient only
+    assert result.param_bytes == 4 * 10**10
+
+
+def test_analytic_mode_of_a_cpu_model_leaves_it_on_cpu():
+    model = TinyTransformer()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    profile(model, torch.randint(0, 50, (2, 12)), device="meta", train=True)
+    assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_profile_round_trips_through_a_dict():
+    result = profile(TinyTransformer(), torch.randint(0, 50, (2, 12)), train=True)
+    again = type(result).from_dict(result.to_dict())
+    assert dataclasses.asdict(again) == dataclasses.asdict(result)
+    assert again.flops == result.flops

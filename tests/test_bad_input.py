@@ -1,0 +1,126 @@
+"""Bad input gets a clear error, and nothing is left behind after success or failure."""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as module_globals
+
+from models import TinyCNN
+from pytest_modelprof import ProfileError, profile
+
+
+def leftovers(model):
+    """Everything a profile could forget to undo."""
+    return {
+        "global hooks": len(module_globals._global_forward_pre_hooks) + len(module_globals._global_forward_hooks),
+        "module hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules()),
+        "dispatch modes": torch._C._len_torch_dispatch_stack(),
+        "grad mode": torch.is_grad_enabled(),
+    }
+
+
+CLEAN = {"global hooks": 0, "module hooks": 0, "dispatch modes": 0, "grad mode": True}
+
+
+class Exploding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(4, 4)
+        self.body = nn.Sequential(nn.ReLU(), Boom())
+
+    def forward(self, x):
+        return self.body(self.stem(x))
+
+
+class Boom(nn.Module):
+    def forward(self, x):
+        raise ValueError("kaboom")
+
+
+@pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
+def test_model_error_names_the_module_and_chains_the_cause(device):
+    model = Exploding()
+    with pytest.raises(ProfileError, match=r"module 'body\.1' \(Boom\) raised ValueError: kaboom") as info:
+        profile(model, torch.randn(2, 4), device=device)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert leftovers(model) == CLEAN
+    assert model.training
+
+
+def test_wrong_input_shape_names_the_layer():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(5, 2))
+    with pytest.raises(ProfileError, match=r"module '1' \(Linear\) raised RuntimeError"):
+        profile(model, torch.randn(3, 4))
+    assert leftovers(model) == CLEAN
+
+
+@pytest.mark.parametrize("inputs", [3, None, "text", {1: torch.zeros(1)}])
+def test_inputs_of_the_wrong_kind(inputs):
+    with pytest.raises(TypeError, match="inputs must be|string keys"):
+        profile(nn.Linear(1, 1), inputs)
+
+
+def test_not_a_module():
+    with pytest.raises(TypeError, match=r"expects a torch\.nn\.Module"):
+        profile(lambda x: x, torch.zeros(1))
+
+
+def test_loss_that_is_not_a_scalar():
+    model = nn.Linear(3, 2)
+    with pytest.raises(ProfileError, match=r"loss must be a scalar tensor, got \(4, 2\)"):
+        profile(model, torch.randn(4, 3), train=True, loss_fn=lambda out: out)
+    assert leftovers(model) == CLEAN
+
+
+def test_output_with_no_grad_path():
+    model = nn.Linear(3, 2).requires_grad_(False)
+    with pytest.raises(ProfileError, match="nothing to backpropagate"):
+        profile(model, torch.randn(4, 3), train=True)
+    assert leftovers(model) == CLEAN
+
+
+def test_unavailable_device():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ProfileError, match="CUDA is not available"):
+        profile(nn.Linear(1, 1), torch.zeros(1, 1), device="cuda")
+
+
+def test_meta_model_needs_analytic_mode():
+    with torch.device("meta"):
+        model = nn.Linear(2, 2)
+    with pytest.raises(ProfileError, match="device='meta'"):
+        profile(model, torch.zeros(1, 2, device="meta"))
+
+
+@pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
+def test_caller_model_inputs_and_rng_are_left_as_they_were(device):
+    model = TinyCNN()
+    model.features[1].eval()  # a mixed train/eval model
+    flags = [m.training for m in model.modules()]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    images = torch.randn(2, 3, 16, 16)
+    images_before = images.clone()
+    rng = torch.get_rng_state()
+
+    first = profile(model, images, train=True, device=device)
+    second = profile(model, images, train=True, device=device)
+
+    assert first.to_dict() == second.to_dict()
+    assert [m.training for m in model.modules()] == flags
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(images, images_before)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert leftovers(model) == CLEAN
+
+
+def test_inputs_changed_in_place_by_the_model_are_not_the_callers():
+    class InPlace(nn.Module):
+        def forward(self, x):
+            return x.mul_(2).relu_()
+
+    x = torch.randn(5)
+    before = x.clone()
+    profile(InPlace(), x)
+    assert torch.equal(x, before)
