@@ -8,6 +8,7 @@ The Python API works without pytest::
 """
 
 from .engine import (
+    FormulaError,
     ModuleStats,
     OpCost,
     OpStats,
@@ -19,6 +20,7 @@ from .engine import (
 )
 
 __all__ = [
+    "FormulaError",
     "ModuleStats",
     "OpCost",
     "OpStats",

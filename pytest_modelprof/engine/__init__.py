@@ -1,11 +1,13 @@
 """The profiling engine: knows PyTorch, knows nothing of pytest."""
 
+from .errors import FormulaError, ProfileError
 from .flops import register_flop_formula, unregister_flop_formula
 from .formulas import OpCost
 from .result import ModuleStats, OpStats, Profile
-from .run import ProfileError, profile
+from .run import profile
 
 __all__ = [
+    "FormulaError",
     "ModuleStats",
     "OpCost",
     "OpStats",

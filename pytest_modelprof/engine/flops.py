@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .errors import FormulaError
 from .formulas import BUILTIN, DATA_MOVEMENT, METADATA, Formula, OpCost
 from .modules import ROOT, ModuleTracker, StackKey, _in_backward
 
@@ -73,7 +74,7 @@ def _as_cost(value: Any, op: Any) -> OpCost | None:
         return OpCost(int(value[0]), int(value[1]))
     if isinstance(value, (int, torch.SymInt)):
         return OpCost(int(value), 0)
-    raise TypeError(f"the FLOP formula for {op} returned {value!r}; expected an int, OpCost(flops, macs) or None")
+    raise FormulaError(f"the FLOP formula for {op} returned {value!r}; expected an int, OpCost(flops, macs) or None")
 
 
 # (phase, stack key, op name) -> [calls, flops, macs]
@@ -128,7 +129,11 @@ class FlopMeter(TorchDispatchMode):
                 return decomposed
         out = func(*args, **kwargs)
         if formula is not None:
-            cost = _as_cost(formula(*args, out_val=out, **kwargs), func)
+            try:
+                value = formula(*args, out_val=out, **kwargs)
+            except Exception as error:
+                raise FormulaError(f"the FLOP formula for {func} raised {type(error).__name__}: {error}") from error
+            cost = _as_cost(value, func)
             if cost is None:
                 self.uncounted[name] += 1
                 return out

@@ -23,13 +23,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .errors import FormulaError, ProfileError
 from .flops import FlopMeter
 from .modules import ModuleTracker, StackKey
 from .result import ModuleStats, OpStats, Profile
-
-
-class ProfileError(RuntimeError):
-    """The workload could not be profiled: bad input, or the model raised."""
 
 
 def profile(
@@ -175,6 +172,8 @@ def _run(
     try:
         with torch.set_grad_enabled(train):
             output = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
+    except FormulaError:
+        raise
     except Exception as error:
         raise _model_error(model, tracker, error) from error
     if not train:
@@ -191,6 +190,8 @@ def _run(
         raise ProfileError("the loss does not depend on any parameter that requires grad: nothing to backpropagate")
     try:
         loss.backward()
+    except FormulaError:
+        raise
     except Exception as error:
         raise ProfileError(f"the backward pass of {type(model).__name__} raised {type(error).__name__}: {error}") from error
 
