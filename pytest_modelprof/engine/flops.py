@@ -16,7 +16,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import FormulaError
 from .formulas import BUILTIN, DATA_MOVEMENT, METADATA, Formula, OpCost
-from .modules import ROOT, ModuleTracker, StackKey, _in_backward
+from .modules import ROOT, ModuleTracker, StackKey
+
+_current_graph_task_id = torch._C._current_graph_task_id
+_current_autograd_node = torch._C._current_autograd_node
 
 _USER_FORMULAS: dict[Any, Formula] = {}
 
@@ -107,10 +110,10 @@ class FlopMeter(TorchDispatchMode):
         return entry
 
     def _where(self) -> tuple[str, StackKey]:
-        if _in_backward():
+        if _current_graph_task_id() != -1:  # inside the backward pass
             if torch.is_grad_enabled():
                 return "recompute", self.tracker.key or ROOT
-            key = self.tracker.key_of_node(torch._C._current_autograd_node())
+            key = self.tracker.key_of_node(_current_autograd_node())
             return ("backward", key) if key else ("loss", ())
         if self.region == "loss":
             return "loss", ()
@@ -120,35 +123,34 @@ class FlopMeter(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in METADATA:
             return func(*args, **kwargs)
-        entry = self._resolved.get(func) or self._resolve(func)
-        name, formula, data_movement = entry
-        if formula is None and not data_movement:
-            with self:
-                decomposed = func.decompose(*args, **kwargs)
-            if decomposed is not NotImplemented:
-                return decomposed
-        out = func(*args, **kwargs)
-        if formula is not None:
+        name, formula, data_movement = self._resolved.get(func) or self._resolve(func)
+        if formula is None:
+            if not data_movement:
+                with self:
+                    decomposed = func.decompose(*args, **kwargs)
+                if decomposed is not NotImplemented:
+                    return decomposed
+                out = func(*args, **kwargs)
+                self.uncounted[name] += 1
+                return out
+            out = func(*args, **kwargs)
+            cost = _ZERO
+        else:
+            out = func(*args, **kwargs)
             try:
                 value = formula(*args, out_val=out, **kwargs)
             except Exception as error:
                 raise FormulaError(f"the FLOP formula for {func} raised {type(error).__name__}: {error}") from error
-            cost = _as_cost(value, func)
+            cost = value if type(value) is OpCost else _as_cost(value, func)
             if cost is None:
                 self.uncounted[name] += 1
                 return out
-        elif data_movement:
-            cost = _ZERO
-        else:
-            self.uncounted[name] += 1
-            return out
-        phase, key = self._where()
-        row = self.tally.get((phase, key, name))
+        row_key = (*self._where(), name)
+        row = self.tally.get(row_key)
         if row is None:
-            self.tally[(phase, key, name)] = [1, cost.flops, cost.macs]
+            self.tally[row_key] = [1, cost.flops, cost.macs]
         else:
             row[0] += 1
             row[1] += cost.flops
             row[2] += cost.macs
         return out
-

@@ -44,10 +44,10 @@ def ancestors(path: str) -> StackKey:
 class ModuleTracker:
     """Tracks the module stack of one model while it is profiled (a context manager)."""
 
-    def __init__(self, root: nn.Module) -> None:
-        self.root = root
+    def __init__(self, named_modules: list[tuple[str, nn.Module]]) -> None:
+        """``named_modules`` is the model's ``named_modules(remove_duplicate=False)``."""
         self.first_path: dict[int, str] = {}
-        for path, module in root.named_modules(remove_duplicate=False):
+        for path, module in named_modules:
             self.first_path.setdefault(id(module), path)
         self.frames: list[tuple[str, nn.Module, StackKey]] = []
         self.key: StackKey = ()
@@ -119,8 +119,10 @@ class ModuleTracker:
         self._mark()
 
     def _mark(self) -> None:
-        self._boundary_seqs.append(_get_sequence_nr())
-        self._boundary_keys.append(self.key)
+        # only autograd nodes need the boundaries, and none are made with grad off
+        if torch.is_grad_enabled():
+            self._boundary_seqs.append(_get_sequence_nr())
+            self._boundary_keys.append(self.key)
 
     def innermost(self) -> tuple[str, nn.Module] | None:
         """The deepest module still running (after an exception: where it was raised)."""

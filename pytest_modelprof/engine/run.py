@@ -58,23 +58,28 @@ def profile(
     named_buffers = dict(model.named_buffers())
     fake_mode, target = _choose_mode(model, named_params, named_buffers, (args, kwargs), device)
 
-    tracker = ModuleTracker(model)
+    named_modules = list(model.named_modules(remove_duplicate=False))
+    tracker = ModuleTracker(named_modules)
     meter = FlopMeter(tracker)
-    training_flags = {module: module.training for module in model.modules()}
+    training_flags = {module: module.training for _, module in named_modules}
     with contextlib.ExitStack() as stack:
         params, buffers, run_args, run_kwargs = _prepare(named_params, named_buffers, args, kwargs, fake_mode, target, train)
         if fake_mode is None:
             stack.enter_context(torch.random.fork_rng(devices=[target] if target.type == "cuda" else [], device_type=target.type))
         else:
             stack.enter_context(fake_mode)
-        tracker.watch_parameters(params)
+        if train:
+            tracker.watch_parameters(params)
         stack.enter_context(_restore_training_flags(training_flags))
         model.train(train)
         stack.enter_context(tracker)
         stack.enter_context(meter)
-        _run(model, {**params, **buffers}, run_args, run_kwargs, train, loss_fn, tracker, meter)
+        # A real inference run needs no swapped tensors: nothing receives a gradient
+        # and eval mode updates no buffer. Everything else runs on the copies.
+        state = None if fake_mode is None and not train else {**params, **buffers}
+        _run(model, state, run_args, run_kwargs, train, loss_fn, tracker, meter)
 
-    return _build_profile(model, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
+    return _build_profile(model, named_modules, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
 
 
 def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -161,7 +166,7 @@ def _prepare(
 
 def _run(
     model: nn.Module,
-    state: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor] | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     train: bool,
@@ -171,7 +176,10 @@ def _run(
 ) -> None:
     try:
         with torch.set_grad_enabled(train):
-            output = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
+            if state is None:
+                output = model(*args, **kwargs)
+            else:
+                output = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
     except FormulaError:
         raise
     except Exception as error:
@@ -227,6 +235,7 @@ def _restore_training_flags(flags: dict[nn.Module, bool]) -> Iterator[None]:
 
 def _build_profile(
     model: nn.Module,
+    named_modules: list[tuple[str, nn.Module]],
     meter: FlopMeter,
     tracker: ModuleTracker,
     named_params: dict[str, torch.Tensor],
@@ -235,8 +244,8 @@ def _build_profile(
     target: torch.device,
     analytic: bool,
 ) -> Profile:
-    unique_params = list(model.parameters())
-    unique_buffers = list(model.buffers())
+    unique_params = list({id(p): p for p in named_params.values()}.values())
+    unique_buffers = list({id(b): b for b in named_buffers.values()}.values())
     result = Profile(
         model=type(model).__name__,
         train=train,
@@ -249,7 +258,7 @@ def _build_profile(
         buffer_bytes=sum(b.numel() * b.element_size() for b in unique_buffers),
         uncounted=dict(sorted(meter.uncounted.items())),
     )
-    modules = _module_rows(model, tracker)
+    modules = _module_rows(named_modules, tracker)
     ops: dict[tuple[str, str], OpStats] = {}
     for (phase, key, name), (calls, flops, macs) in meter.tally.items():
         setattr(result, f"{phase}_flops", getattr(result, f"{phase}_flops") + flops)
@@ -271,17 +280,36 @@ def _build_profile(
     return result
 
 
-def _module_rows(model: nn.Module, tracker: ModuleTracker) -> dict[str, ModuleStats]:
-    rows: dict[str, ModuleStats] = {}
-    for path, module in model.named_modules(remove_duplicate=False):
-        rows[path] = ModuleStats(
+def _module_rows(named_modules: list[tuple[str, nn.Module]], tracker: ModuleTracker) -> dict[str, ModuleStats]:
+    params = _parameters_per_module(named_modules)
+    return {
+        path: ModuleStats(
             path=path,
             type=type(module).__name__,
             depth=path.count(".") + 1 if path else 0,
             calls=tracker.calls.get(path, 0),
-            params=sum(p.numel() for p in module.parameters()),
+            params=sum(params[id(module)].values()),
         )
-    return rows
+        for path, module in named_modules
+    }
+
+
+def _parameters_per_module(named_modules: list[tuple[str, nn.Module]]) -> dict[int, dict[int, int]]:
+    """For each module, its parameters and its descendants' (id -> numel), each counted once."""
+    found: dict[int, dict[int, int]] = {}
+
+    def visit(module: nn.Module) -> dict[int, int]:
+        own = found.get(id(module))
+        if own is None:
+            own = {id(p): p.numel() for p in module._parameters.values() if p is not None}
+            for child in module._modules.values():
+                if child is not None:
+                    own.update(visit(child))
+            found[id(module)] = own
+        return own
+
+    visit(named_modules[0][1])
+    return found
 
 
 def _attribute(modules: dict[str, ModuleStats], key: StackKey, phase: str, flops: int, macs: int) -> None:

@@ -1,0 +1,83 @@
+"""Cost of FLOP profiling a forward pass on real CPU tensors.
+
+Prints, per model, the time of a plain forward pass, of ``profile()`` and of torch's
+own ``FlopCounterMode`` on the same forward, measured interleaved in one run, and
+their ratios: of the best times (timeit's convention: the least disturbed run on a
+shared machine) and of the medians. Goal: ``profile()`` at most 1.25x the plain
+forward, and below ``FlopCounterMode``.
+
+    python benchmarks/flops_overhead.py [--repeats 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.gpt2 import GPT2, GPT2Config  # noqa: E402
+from pytest_modelprof import profile  # noqa: E402
+
+
+def workloads():
+    yield "resnet50, batch 1", torchvision.models.resnet50(), torch.randn(1, 3, 224, 224)
+    yield "vit_b_16, batch 1", torchvision.models.vit_b_16(), torch.randn(1, 3, 224, 224)
+    yield "gpt2-small, seq 512", GPT2(GPT2Config.small()), torch.randint(0, 50257, (1, 512))
+
+
+def plain(model, x):
+    with torch.no_grad():
+        model(x)
+
+
+def torch_counter(model, x):
+    with torch.no_grad(), FlopCounterMode(display=False):
+        model(x)
+
+
+def ours(model, x):
+    profile(model, x)
+
+
+def seconds(fn, model, x):
+    start = time.perf_counter()
+    fn(model, x)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=11)
+    options = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {options.repeats} interleaved runs; best (median)")
+    print(f"{'workload':22s} {'plain':>17s} {'profile':>17s} {'torch':>17s} {'profile/plain':>16s} {'profile/torch':>16s}")
+    for name, model, x in workloads():
+        model.eval()
+        for fn in (plain, ours, torch_counter):  # warm-up
+            fn(model, x)
+        times = {fn.__name__: [] for fn in (plain, ours, torch_counter)}
+        for _ in range(options.repeats):
+            for fn in (plain, ours, torch_counter):
+                times[fn.__name__].append(seconds(fn, model, x))
+        best = {k: min(v) for k, v in times.items()}
+        med = {k: statistics.median(v) for k, v in times.items()}
+
+        def cell(k: str) -> str:
+            return f"{best[k] * 1e3:7.1f} ({med[k] * 1e3:6.1f})ms"
+
+        def ratio(a: str, b: str) -> str:
+            return f"{best[a] / best[b]:6.3f} ({med[a] / med[b]:5.3f})x"
+
+        print(f"{name:22s} {cell('plain')} {cell('ours')} {cell('torch_counter')} {ratio('ours', 'plain')} {ratio('ours', 'torch_counter')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Example models and profiles for pytest-modelprof."""
