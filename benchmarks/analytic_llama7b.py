@@ -52,11 +52,11 @@ def torch_counter(model: Llama, tokens: torch.Tensor) -> int:
 
 def peak_rss_only_ours() -> float:
     code = (
-        "import resource, sys, torch; sys.path.insert(0, %r)\n"
+        f"import resource, sys, torch; sys.path.insert(0, {str(ROOT)!r})\n"
         "from benchmarks.analytic_llama7b import build, ours, SEQUENCE\n"
         "ours(build(), torch.randint(0, 32000, (1, SEQUENCE)))\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-    ) % str(ROOT)
+    )
     output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return int(output.split()[-1]) * 1024 / 1e9
 

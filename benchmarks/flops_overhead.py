@@ -22,8 +22,8 @@ import torchvision
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.gpt2 import GPT2, GPT2Config  # noqa: E402
-from pytest_modelprof import profile  # noqa: E402
+from examples.gpt2 import GPT2, GPT2Config
+from pytest_modelprof import profile
 
 
 def workloads():
@@ -69,14 +69,9 @@ def main() -> None:
                 times[fn.__name__].append(seconds(fn, model, x))
         best = {k: min(v) for k, v in times.items()}
         med = {k: statistics.median(v) for k, v in times.items()}
-
-        def cell(k: str) -> str:
-            return f"{best[k] * 1e3:7.1f} ({med[k] * 1e3:6.1f})ms"
-
-        def ratio(a: str, b: str) -> str:
-            return f"{best[a] / best[b]:6.3f} ({med[a] / med[b]:5.3f})x"
-
-        print(f"{name:22s} {cell('plain')} {cell('ours')} {cell('torch_counter')} {ratio('ours', 'plain')} {ratio('ours', 'torch_counter')}")
+        cells = [f"{best[k] * 1e3:7.1f} ({med[k] * 1e3:6.1f})ms" for k in ("plain", "ours", "torch_counter")]
+        ratios = [f"{best['ours'] / best[k]:6.3f} ({med['ours'] / med[k]:5.3f})x" for k in ("plain", "torch_counter")]
+        print(f"{name:22s} {' '.join(cells)} {' '.join(ratios)}")
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def _as_cost(value: Any, op: Any) -> OpCost | None:
 Tally = dict[tuple[str, StackKey, str], list[int]]
 
 
-class FlopMeter(TorchDispatchMode):
+class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts FLOPs and MACs of every op, by phase and module stack.
 
     ``region`` is set by the runner: ``"forward"`` while the model runs, ``"loss"``
@@ -94,7 +94,7 @@ class FlopMeter(TorchDispatchMode):
     """
 
     def __init__(self, tracker: ModuleTracker) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.tracker = tracker
         self.region = "forward"
         self.tally: Tally = {}
@@ -141,10 +141,11 @@ class FlopMeter(TorchDispatchMode):
                 value = formula(*args, out_val=out, **kwargs)
             except Exception as error:
                 raise FormulaError(f"the FLOP formula for {func} raised {type(error).__name__}: {error}") from error
-            cost = value if type(value) is OpCost else _as_cost(value, func)
-            if cost is None:
+            counted = value if type(value) is OpCost else _as_cost(value, func)
+            if counted is None:
                 self.uncounted[name] += 1
                 return out
+            cost = counted
         row_key = (*self._where(), name)
         row = self.tally.get(row_key)
         if row is None:

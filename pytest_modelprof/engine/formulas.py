@@ -257,7 +257,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, out_val:
     aten._scaled_dot_product_cudnn_attention_backward,
     aten._scaled_dot_product_fused_attention_overrideable_backward,
 )
-def sdpa_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+def sdpa_backward(
+    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any
+) -> OpCost:
     return attention_backward_cost(q.shape, k.shape, v.shape)
 
 
@@ -285,7 +287,14 @@ def _multi_head_attention(batch: int, s_q: int, s_k: int, embed: int, heads: int
 
 @_register(aten._native_multi_head_attention)
 def native_multi_head_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, embed_dim: int, num_head: int, *args: Any, out_val: Any = None, **kwargs: Any
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    embed_dim: int,
+    num_head: int,
+    *args: Any,
+    out_val: Any = None,
+    **kwargs: Any,
 ) -> OpCost | None:
     if query.is_nested:
         return None
@@ -299,7 +308,9 @@ LAYER_NORM_FLOPS = 8  # statistics 4, normalise 2, weight 1, bias 1
 
 
 @_register(aten._transformer_encoder_layer_fwd)
-def transformer_encoder_layer(src: torch.Tensor, embed_dim: int, num_heads: int, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost | None:
+def transformer_encoder_layer(
+    src: torch.Tensor, embed_dim: int, num_heads: int, *args: Any, out_val: Any = None, **kwargs: Any
+) -> OpCost | None:
     if src.is_nested:
         return None
     batch, seq, _ = src.shape
@@ -349,7 +360,9 @@ def mkldnn_rnn_layer(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *a
 
 
 @_register(aten.mkldnn_rnn_layer_backward)
-def mkldnn_rnn_layer_backward(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+def mkldnn_rnn_layer_backward(
+    x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *args: Any, out_val: Any = None, **__: Any
+) -> OpCost:
     # Gradients for inputs/hidden states and for both weight matrices: twice the
     # forward's MACs; the cell's backward is counted as twice its forward.
     mode, hidden_size, has_biases = args[11], args[12], args[14]
@@ -377,7 +390,9 @@ ELEMENTWISE: dict[str, int] = {
         hardtanh_backward hardsigmoid_backward hardshrink hardshrink_backward softshrink_backward""".split(),
         2,
     ),
-    **dict.fromkeys("addcmul addcdiv lerp softplus logit softshrink sigmoid_backward tanh_backward elu_backward _prelu_kernel_backward".split(), 3),
+    **dict.fromkeys(
+        "addcmul addcdiv lerp softplus logit softshrink sigmoid_backward tanh_backward elu_backward _prelu_kernel_backward".split(), 3
+    ),
     **dict.fromkeys("elu celu hardsigmoid log_sigmoid_forward log_sigmoid_backward softplus_backward hardswish_backward".split(), 4),
     **dict.fromkeys("gelu selu hardswish mish glu_backward".split(), 5),
     "silu_backward": 6,
@@ -457,7 +472,9 @@ def _norm_backward(x: torch.Tensor, statistics: bool, output_mask: Sequence[bool
 
 
 @_register(aten.native_batch_norm, aten._native_batch_norm_legit, aten.cudnn_batch_norm, aten.miopen_batch_norm)
-def batch_norm(x: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+def batch_norm(
+    x: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool, *_: Any, out_val: Any = None, **__: Any
+) -> OpCost:
     return _norm_forward(x, bool(training), weight, bias)
 
 
@@ -595,7 +612,12 @@ def _adaptive_pool_backward(grad_out: torch.Tensor, x: torch.Tensor, *_: Any, ou
     return OpCost(x.numel())
 
 
-for _op, _dims in ((aten._adaptive_avg_pool2d, 2), (aten._adaptive_avg_pool3d, 3), (aten.adaptive_max_pool2d, 2), (aten.adaptive_max_pool3d, 3)):
+for _op, _dims in (
+    (aten._adaptive_avg_pool2d, 2),
+    (aten._adaptive_avg_pool3d, 3),
+    (aten.adaptive_max_pool2d, 2),
+    (aten.adaptive_max_pool3d, 3),
+):
     BUILTIN[_op] = _adaptive_pool(_dims)
 for _op in (aten._adaptive_avg_pool2d_backward, aten._adaptive_avg_pool3d_backward):
     BUILTIN[_op] = _adaptive_pool_backward
@@ -611,7 +633,9 @@ for _name in ("reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "repli
 
 
 @_register(aten._embedding_bag, aten._embedding_bag_forward_only)
-def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+def embedding_bag(
+    weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any
+) -> OpCost:
     per_sample_weights = kwargs.get("per_sample_weights", args[3] if len(args) > 3 else None)
     gathered = indices.numel() * weight.shape[1]
     return OpCost(gathered * (1 + int(per_sample_weights is not None)))
@@ -624,7 +648,9 @@ def embedding_bag_backward(grad: torch.Tensor, indices: torch.Tensor, *_: Any, o
 
 
 @_register(aten._embedding_bag_per_sample_weights_backward)
-def embedding_bag_weights_backward(grad: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+def embedding_bag_weights_backward(
+    grad: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, *_: Any, out_val: Any = None, **__: Any
+) -> OpCost:
     # a dot product of each gathered row with its bag's gradient
     return _matmul(indices.numel() * weight.shape[1])
 
@@ -656,7 +682,14 @@ _INTERPOLATION = {
 for _name, _per_element in _INTERPOLATION.items():
     BUILTIN[getattr(aten, _name)] = _interpolation(_per_element)
     BUILTIN[getattr(aten, _name + "_backward")] = _interpolation_backward(_per_element)
-for _name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d"):
+for _name in (
+    "upsample_nearest1d",
+    "upsample_nearest2d",
+    "upsample_nearest3d",
+    "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d",
+    "_upsample_nearest_exact3d",
+):
     BUILTIN[getattr(aten, _name + "_backward")] = _scatter_grad
 
 # losses: FLOPs per input element, reduction included

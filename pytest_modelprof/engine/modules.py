@@ -38,7 +38,7 @@ def ancestors(path: str) -> StackKey:
     if not path:
         return ROOT
     parts = path.split(".")
-    return ("",) + tuple(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return ("", *(".".join(parts[: i + 1]) for i in range(len(parts))))
 
 
 class ModuleTracker:
@@ -101,7 +101,7 @@ class ModuleTracker:
         elif path in self.key:
             key = self.key
         else:
-            key = self.key + (path,)
+            key = (*self.key, path)
         self.frames.append((path, module, key))
         self.key = key
         if not _in_backward():

@@ -54,7 +54,7 @@ def profile(
     args, kwargs = _split_inputs(inputs)
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-    named_params = dict(model.named_parameters())
+    named_params: dict[str, torch.Tensor] = dict(model.named_parameters())
     named_buffers = dict(model.named_buffers())
     fake_mode, target = _choose_mode(model, named_params, named_buffers, (args, kwargs), device)
 
@@ -197,7 +197,7 @@ def _run(
     if not loss.requires_grad:
         raise ProfileError("the loss does not depend on any parameter that requires grad: nothing to backpropagate")
     try:
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
     except FormulaError:
         raise
     except Exception as error:
