@@ -79,3 +79,17 @@ def test_profile_round_trips_through_a_dict():
     again = type(result).from_dict(result.to_dict())
     assert dataclasses.asdict(again) == dataclasses.asdict(result)
     assert again.flops == result.flops
+
+
+def test_tensors_held_outside_parameters_and_buffers():
+    class PlainAttribute(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 6, bias=False)
+            self.mask = torch.ones(6, 6).tril()  # not a buffer
+
+        def forward(self, x):
+            return self.lin(x) @ self.mask
+
+    x = torch.randn(2, 6)
+    assert figures(profile(PlainAttribute(), x, device="meta")) == figures(profile(PlainAttribute(), x))

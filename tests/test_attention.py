@@ -11,6 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention
 
 from pytest_modelprof import profile
+from pytest_modelprof.engine.flops import formula_for
 
 B, L, E, H = 2, 10, 32, 4
 D = E // H
@@ -116,3 +117,58 @@ def test_gelu_transformer_encoder_layer_fast_path_matches_the_slow_path():
     layer = nn.TransformerEncoderLayer(E, H, dim_feedforward=64, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
     x = torch.randn(B, L, E)
     assert profile(layer, x).forward_flops == profile(layer, x, train=True).forward_flops
+
+
+class CallsOp(nn.Module):
+    def __init__(self, call):
+        super().__init__()
+        self.call = call
+
+    def forward(self, q):
+        return self.call(q)[0]
+
+
+aten = torch.ops.aten
+BACKENDS = {
+    "flash": lambda q: aten._scaled_dot_product_flash_attention(q, q, q),
+    "efficient": lambda q: aten._scaled_dot_product_efficient_attention(q, q, q, None, True),
+    "cudnn": lambda q: aten._scaled_dot_product_cudnn_attention(q, q, q, None, True),
+    "flash-kernel": lambda q: aten._flash_attention_forward(*[q.transpose(1, 2)] * 3, None, None, L, L, 0.0, False, False),
+    "efficient-kernel": lambda q: aten._efficient_attention_forward(*[q.transpose(1, 2)] * 3, None, None, None, L, L, 0.0, 0, True),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_cuda_attention_kernels_analytically(backend):
+    # the CUDA kernels have meta implementations: their formulas are checked without a GPU
+    q = torch.randn(B, H, L, D, device="meta", dtype=torch.float16)
+    result = profile(CallsOp(BACKENDS[backend]), q, device="meta")
+    assert result.uncounted == {}
+    assert result.macs == B * H * L * L * 2 * D
+    assert result.flops == 2 * result.macs + B * H * L * L * (1 + 5)
+
+
+def test_packed_variable_length_flash_kernel():
+    # two sequences of 3 and 7 tokens packed into 10 rows: scores 3*3 + 7*7 per head.
+    # The sequence lengths are values, which only a real (GPU) run has: the formula
+    # is called here as the meter would call it, on stand-in tensors.
+    formula = formula_for(aten._flash_attention_forward)
+    packed = torch.empty(10, H, D)
+    offsets = torch.tensor([0, 3, 10], dtype=torch.int32)
+    out = (torch.empty(10, H, D),)
+    cost = formula(packed, packed, packed, offsets, offsets, 7, 7, 0.0, False, False, out_val=out)
+    scores = H * (3 * 3 + 7 * 7)
+    assert cost.macs == scores * 2 * D
+    assert cost.flops == 2 * cost.macs + scores * (1 + 5)
+
+
+def test_packed_kernel_without_sequence_lengths_is_uncounted():
+    packed = torch.randn(10, H, D, device="meta", dtype=torch.float16)
+
+    class Packed(nn.Module):
+        def forward(self, x):
+            offsets = torch.tensor([0, 3, 10], dtype=torch.int32, device=x.device)
+            return aten._flash_attention_forward(x, x, x, offsets, offsets, 7, 7, 0.0, False, False)[0]
+
+    result = profile(Packed(), packed, device="meta")
+    assert result.uncounted == {"aten._flash_attention_forward": 1}

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils import flop_counter as _torch_flop_counter
 
 aten = torch.ops.aten
 
@@ -53,13 +55,24 @@ Formula = Callable[..., "OpCost | int | None"]
 BUILTIN: dict[Any, Formula] = {}
 
 
-def _register(*ops: Any) -> Callable[[Formula], Formula]:
+def _op(name: str) -> Any:
+    """The ATen op ``name``, or None where this torch release has no such op."""
+    return getattr(aten, name, None)
+
+
+def _register(*names: str) -> Callable[[Formula], Formula]:
     def wrap(formula: Formula) -> Formula:
-        for op in ops:
-            BUILTIN[op] = formula
+        for name in names:
+            _set(name, formula)
         return formula
 
     return wrap
+
+
+def _set(name: str, formula: Formula) -> None:
+    op = _op(name)
+    if op is not None:
+        BUILTIN[op] = formula
 
 
 def _first_tensor(value: Any) -> torch.Tensor:
@@ -78,33 +91,33 @@ def _matmul(macs: int, added: int = 0) -> OpCost:
 # ---------------------------------------------------------------- matmul family
 
 
-@_register(aten.mm, aten._scaled_mm)
+@_register("mm", "_scaled_mm")
 def mm(a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     m, k = a.shape
     return _matmul(m * k * b.shape[1])
 
 
-@_register(aten.addmm, aten.addmm_)
+@_register("addmm", "addmm_")
 def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     m, k = a.shape
     n = b.shape[1]
     return _matmul(m * k * n, m * n)
 
 
-@_register(aten.bmm)
+@_register("bmm")
 def bmm(a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     batch, m, k = a.shape
     return _matmul(batch * m * k * b.shape[2])
 
 
-@_register(aten.baddbmm, aten.baddbmm_)
+@_register("baddbmm", "baddbmm_")
 def baddbmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     batch, m, k = a.shape
     n = b.shape[2]
     return _matmul(batch * m * k * n, batch * m * n)
 
 
-@_register(aten.addbmm, aten.addbmm_)
+@_register("addbmm", "addbmm_")
 def addbmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     # sum over the batch of a[i] @ b[i], then + bias: batch * m * n adds in all
     batch, m, k = a.shape
@@ -112,17 +125,17 @@ def addbmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_va
     return _matmul(batch * m * k * n, batch * m * n)
 
 
-@_register(aten.mv)
+@_register("mv")
 def mv(a: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return _matmul(a.shape[0] * a.shape[1])
 
 
-@_register(aten.addmv, aten.addmv_)
+@_register("addmv", "addmv_")
 def addmv(bias: torch.Tensor, a: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return _matmul(a.shape[0] * a.shape[1], a.shape[0])
 
 
-@_register(aten.dot, aten.vdot)
+@_register("dot", "vdot")
 def dot(a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return _matmul(a.numel())
 
@@ -142,18 +155,18 @@ def conv_macs(weight_shape: Sequence[int], batch: int, spatial: Sequence[int]) -
 
 
 @_register(
-    aten.convolution,
-    aten._convolution,
-    aten.convolution_overrideable,
-    aten.cudnn_convolution,
-    aten.cudnn_convolution_transpose,
-    aten.mkldnn_convolution,
-    aten._slow_conv2d_forward,
-    aten.slow_conv3d_forward,
-    aten.slow_conv_transpose2d,
-    aten.slow_conv_transpose3d,
-    aten.slow_conv_dilated2d,
-    aten.slow_conv_dilated3d,
+    "convolution",
+    "_convolution",
+    "convolution_overrideable",
+    "cudnn_convolution",
+    "cudnn_convolution_transpose",
+    "mkldnn_convolution",
+    "_slow_conv2d_forward",
+    "slow_conv3d_forward",
+    "slow_conv_transpose2d",
+    "slow_conv_transpose3d",
+    "slow_conv_dilated2d",
+    "slow_conv_dilated3d",
 )
 def convolution(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
     out = _first_tensor(out_val)
@@ -174,7 +187,7 @@ def _conv_is_transposed(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor
     return weight.shape[0] == x.shape[1] and weight.shape[0] != out.shape[1]
 
 
-@_register(aten.convolution_backward)
+@_register("convolution_backward")
 def convolution_backward(
     grad_out: torch.Tensor,
     x: torch.Tensor,
@@ -214,9 +227,11 @@ def attention_cost(query_shape: Sequence[int], key_shape: Sequence[int], value_s
     score, the scaling, the softmax and (with a mask) the mask add.
     """
     *batch, heads, s_q, d_qk = query_shape
-    s_k = key_shape[-2]
-    d_v = value_shape[-1]
-    scores = math.prod(batch) * heads * s_q * s_k
+    scores = math.prod(batch) * heads * s_q * key_shape[-2]
+    return _attention_forward(scores, d_qk, value_shape[-1], masked)
+
+
+def _attention_forward(scores: int, d_qk: int, d_v: int, masked: bool) -> OpCost:
     macs = scores * (d_qk + d_v)
     return OpCost(2 * macs + scores * (1 + SOFTMAX_FLOPS + int(masked)), macs)
 
@@ -229,20 +244,22 @@ def attention_backward_cost(query_shape: Sequence[int], key_shape: Sequence[int]
     score), its backward, and the row sums ``D = rowsum(dO * O)`` (2 per output).
     """
     *batch, heads, s_q, d_qk = query_shape
-    s_k = key_shape[-2]
     d_v = value_shape[-1]
-    scores = math.prod(batch) * heads * s_q * s_k
+    scores = math.prod(batch) * heads * s_q * key_shape[-2]
+    return _attention_backward(scores, math.prod(batch) * heads * s_q * d_v, d_qk, d_v)
+
+
+def _attention_backward(scores: int, outputs: int, d_qk: int, d_v: int) -> OpCost:
     macs = scores * (3 * d_qk + 2 * d_v)
-    outputs = math.prod(batch) * heads * s_q * d_v
     return OpCost(2 * macs + scores * (2 + SOFTMAX_BACKWARD_FLOPS) + 2 * outputs, macs)
 
 
 @_register(
-    aten._scaled_dot_product_flash_attention_for_cpu,
-    aten._scaled_dot_product_flash_attention,
-    aten._scaled_dot_product_efficient_attention,
-    aten._scaled_dot_product_cudnn_attention,
-    aten._scaled_dot_product_fused_attention_overrideable,
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_fused_attention_overrideable",
 )
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
     masked = kwargs.get("attn_mask") is not None or kwargs.get("attn_bias") is not None
@@ -251,16 +268,62 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, out_val:
 
 
 @_register(
-    aten._scaled_dot_product_flash_attention_for_cpu_backward,
-    aten._scaled_dot_product_flash_attention_backward,
-    aten._scaled_dot_product_efficient_attention_backward,
-    aten._scaled_dot_product_cudnn_attention_backward,
-    aten._scaled_dot_product_fused_attention_overrideable_backward,
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_fused_attention_overrideable_backward",
 )
 def sdpa_backward(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any
 ) -> OpCost:
     return attention_backward_cost(q.shape, k.shape, v.shape)
+
+
+def _has_values(t: torch.Tensor) -> bool:
+    return t.device.type != "meta" and not isinstance(t, FakeTensor)
+
+
+def _kernel_attention(name: str, backward: bool, offsets_at: int) -> None:
+    """Register the low-level CUDA attention kernel ``name``.
+
+    These take ``(batch, seq, heads, dim)`` tensors, or packed variable-length
+    batches described by cumulative offsets (``args[offsets_at]``). Dense inputs are
+    counted from their shapes. Packed batches are counted per sequence by
+    torch.utils.flop_counter's own formula, read from its registry (never registered
+    into it); it counts the matmuls only, so the scores are recovered from its MACs
+    and the softmax work is added as for every other attention kernel. (Its formulas
+    for the dense efficient-attention kernels read the layout as (batch, heads, seq,
+    dim) and count heads squared instead of sequence squared, so they are not used.)
+    """
+    packet = _op(name)
+    if packet is None:
+        return
+    by_torch = _torch_flop_counter.flop_registry.get(packet)
+
+    def formula(*args: Any, out_val: Any = None, **kwargs: Any) -> OpCost | None:
+        q, k, v = args[1:4] if backward else args[:3]
+        d_qk, d_v = q.shape[-1], v.shape[-1]
+        if args[offsets_at] is None:
+            swap = (q.shape[0], q.shape[2], q.shape[1], d_qk), (k.shape[0], k.shape[2], k.shape[1], d_qk)
+            v_shape = (v.shape[0], v.shape[2], v.shape[1], d_v)
+            if backward:
+                return attention_backward_cost(swap[0], swap[1], v_shape)
+            return attention_cost(swap[0], swap[1], v_shape, masked=not name.startswith("_flash") and args[3] is not None)
+        if by_torch is None or not _has_values(args[offsets_at]):
+            return None  # sequence lengths unknown (analytic run): listed as uncounted
+        macs = int(by_torch(*args, out_val=out_val, **kwargs)) // 2
+        if backward:
+            return _attention_backward(macs // (3 * d_qk + 2 * d_v), q.numel() // d_qk * d_v, d_qk, d_v)
+        return _attention_forward(macs // (d_qk + d_v), d_qk, d_v, masked=False)
+
+    BUILTIN[packet] = formula
+
+
+_kernel_attention("_flash_attention_forward", backward=False, offsets_at=3)
+_kernel_attention("_flash_attention_backward", backward=True, offsets_at=6)
+_kernel_attention("_efficient_attention_forward", backward=False, offsets_at=4)
+_kernel_attention("_efficient_attention_backward", backward=True, offsets_at=6)
 
 
 def _projections(tokens: int, in_features: int, out_features: int, bias: bool) -> OpCost:
@@ -285,7 +348,7 @@ def _multi_head_attention(batch: int, s_q: int, s_k: int, embed: int, heads: int
     )
 
 
-@_register(aten._native_multi_head_attention)
+@_register("_native_multi_head_attention")
 def native_multi_head_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -307,7 +370,7 @@ def native_multi_head_attention(
 LAYER_NORM_FLOPS = 8  # statistics 4, normalise 2, weight 1, bias 1
 
 
-@_register(aten._transformer_encoder_layer_fwd)
+@_register("_transformer_encoder_layer_fwd")
 def transformer_encoder_layer(
     src: torch.Tensor, embed_dim: int, num_heads: int, *args: Any, out_val: Any = None, **kwargs: Any
 ) -> OpCost | None:
@@ -351,7 +414,7 @@ def rnn_layer_cost(steps_times_batch: int, gate_rows: int, input_size: int, hidd
     return OpCost(2 * macs + adds + cell, macs)
 
 
-@_register(aten.mkldnn_rnn_layer)
+@_register("mkldnn_rnn_layer")
 def mkldnn_rnn_layer(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
     # (input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size, num_layers, has_biases, ...)
     mode, hidden_size, has_biases = args[6], args[7], args[9]
@@ -359,7 +422,7 @@ def mkldnn_rnn_layer(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *a
     return rnn_layer_cost(steps_times_batch, w_ih.shape[0], w_ih.shape[1], hidden_size, mode, has_biases)
 
 
-@_register(aten.mkldnn_rnn_layer_backward)
+@_register("mkldnn_rnn_layer_backward")
 def mkldnn_rnn_layer_backward(
     x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, *args: Any, out_val: Any = None, **__: Any
 ) -> OpCost:
@@ -424,11 +487,10 @@ def _gelu(per_element_erf: int, per_element_tanh: int) -> Formula:
 
 for _name, _per_element in ELEMENTWISE.items():
     for _suffix in ("", "_"):
-        _packet = getattr(aten, _name + _suffix, None)
-        if _packet is not None:
-            BUILTIN[_packet] = _elementwise(_per_element)
-BUILTIN[aten.gelu] = BUILTIN[aten.gelu_] = _gelu(ELEMENTWISE["gelu"], GELU_TANH_FLOPS)
-BUILTIN[aten.gelu_backward] = _gelu(ELEMENTWISE["gelu_backward"], GELU_TANH_BACKWARD_FLOPS)
+        _set(_name + _suffix, _elementwise(_per_element))
+for _name in ("gelu", "gelu_"):
+    _set(_name, _gelu(ELEMENTWISE["gelu"], GELU_TANH_FLOPS))
+_set("gelu_backward", _gelu(ELEMENTWISE["gelu_backward"], GELU_TANH_BACKWARD_FLOPS))
 
 
 # ---------------------------------------------------------------- reductions and softmax
@@ -448,12 +510,12 @@ def _reduction(per_element: int) -> Formula:
 
 
 for _name, _per_element in REDUCTION.items():
-    BUILTIN[getattr(aten, _name)] = _reduction(_per_element)
+    _set(_name, _reduction(_per_element))
 
-for _op in (aten._softmax, aten._log_softmax, aten._safe_softmax):
-    BUILTIN[_op] = _reduction(SOFTMAX_FLOPS)
-for _op in (aten._softmax_backward_data, aten._log_softmax_backward_data):
-    BUILTIN[_op] = _reduction(SOFTMAX_BACKWARD_FLOPS)
+for _name in ("_softmax", "_log_softmax", "_safe_softmax"):
+    _set(_name, _reduction(SOFTMAX_FLOPS))
+for _name in ("_softmax_backward_data", "_log_softmax_backward_data"):
+    _set(_name, _reduction(SOFTMAX_BACKWARD_FLOPS))
 
 
 # ---------------------------------------------------------------- normalisation
@@ -471,72 +533,68 @@ def _norm_backward(x: torch.Tensor, statistics: bool, output_mask: Sequence[bool
     return OpCost(per_element * x.numel())
 
 
-@_register(aten.native_batch_norm, aten._native_batch_norm_legit, aten.cudnn_batch_norm, aten.miopen_batch_norm)
+@_register("native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm", "miopen_batch_norm")
 def batch_norm(
     x: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool, *_: Any, out_val: Any = None, **__: Any
 ) -> OpCost:
     return _norm_forward(x, bool(training), weight, bias)
 
 
-@_register(aten._native_batch_norm_legit_no_training, aten._batch_norm_no_update)
+@_register("_native_batch_norm_legit_no_training", "_batch_norm_no_update")
 def batch_norm_inference(x: torch.Tensor, weight: Any, bias: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return _norm_forward(x, False, weight, bias)
 
 
-@_register(aten._batch_norm_with_update, aten._native_batch_norm_legit_functional)
+@_register("_batch_norm_with_update", "_native_batch_norm_legit_functional")
 def batch_norm_training(x: torch.Tensor, weight: Any, bias: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return _norm_forward(x, True, weight, bias)
 
 
-@_register(aten.native_batch_norm_backward)
+@_register("native_batch_norm_backward")
 def batch_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
     # (grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
     return _norm_backward(x, bool(args[5]), args[7])
 
 
-@_register(aten.batch_norm_backward)
+@_register("batch_norm_backward")
 def batch_norm_backward_v2(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
     # (grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve)
     return _norm_backward(x, bool(args[5]), args[7])
 
 
-@_register(aten.native_layer_norm)
+@_register("native_layer_norm")
 def layer_norm(x: torch.Tensor, shape: Any, weight: Any = None, bias: Any = None, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return _norm_forward(x, True, weight, bias)
 
 
-@_register(aten.native_layer_norm_backward)
+@_register("native_layer_norm_backward")
 def layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
     # (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
     return _norm_backward(x, True, args[5])
 
 
-@_register(aten.native_group_norm)
+@_register("native_group_norm")
 def group_norm(x: torch.Tensor, weight: Any, bias: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return _norm_forward(x, True, weight, bias)
 
 
-@_register(aten.native_group_norm_backward)
+@_register("native_group_norm_backward")
 def group_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
     # (grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask)
     return _norm_backward(x, True, args[7])
 
 
-if hasattr(aten, "_fused_rms_norm"):
-
-    @_register(aten._fused_rms_norm)
-    def rms_norm(x: torch.Tensor, shape: Any, weight: Any = None, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
-        # square 1, mean 1, multiply by the reciprocal root 1, weight 1
-        return OpCost((3 + int(weight is not None)) * x.numel())
+@_register("_fused_rms_norm")
+def rms_norm(x: torch.Tensor, shape: Any, weight: Any = None, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # square 1, mean 1, multiply by the reciprocal root 1, weight 1
+    return OpCost((3 + int(weight is not None)) * x.numel())
 
 
-if hasattr(aten, "_fused_rms_norm_backward"):
-
-    @_register(aten._fused_rms_norm_backward)
-    def rms_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
-        # grad_input: one row sum and the combination (5); grad_weight: multiply and sum (2)
-        output_mask = args[-1]
-        return OpCost((5 * int(output_mask[0]) + 2 * int(output_mask[1])) * x.numel())
+@_register("_fused_rms_norm_backward")
+def rms_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # grad_input: one row sum and the combination (5); grad_weight: multiply and sum (2)
+    output_mask = args[-1]
+    return OpCost((5 * int(output_mask[0]) + 2 * int(output_mask[1])) * x.numel())
 
 
 # ---------------------------------------------------------------- pooling
@@ -575,20 +633,13 @@ def _scatter_grad(grad_out: torch.Tensor, *_: Any, out_val: Any = None, **__: An
     return OpCost(grad_out.numel())
 
 
-for _dims, (_mp, _mpb, _ap, _apb) in {
-    1: (None, None, None, None),
-    2: (aten.max_pool2d_with_indices, aten.max_pool2d_with_indices_backward, aten.avg_pool2d, aten.avg_pool2d_backward),
-    3: (aten.max_pool3d_with_indices, aten.max_pool3d_with_indices_backward, aten.avg_pool3d, aten.avg_pool3d_backward),
-}.items():
-    if _mp is not None:
-        BUILTIN[_mp] = _max_pool(_dims)
-        BUILTIN[_mpb] = _scatter_grad
-        BUILTIN[_ap] = _avg_pool(_dims)
-        BUILTIN[_apb] = _avg_pool_backward(_dims)
-BUILTIN[aten.max_pool2d] = _max_pool(2)
-BUILTIN[aten.max_pool1d] = _max_pool(1)
-BUILTIN[aten.mkldnn_max_pool2d] = _max_pool(2)
-BUILTIN[aten.max_pool1d_with_indices] = _max_pool(1)
+for _dims in (1, 2, 3):
+    _set(f"max_pool{_dims}d", _max_pool(_dims))
+    _set(f"max_pool{_dims}d_with_indices", _max_pool(_dims))
+    _set(f"max_pool{_dims}d_with_indices_backward", _scatter_grad)
+    _set(f"avg_pool{_dims}d", _avg_pool(_dims))
+    _set(f"avg_pool{_dims}d_backward", _avg_pool_backward(_dims))
+_set("mkldnn_max_pool2d", _max_pool(2))
 
 
 def adaptive_window_elements(in_size: int, out_size: int) -> int:
@@ -612,27 +663,21 @@ def _adaptive_pool_backward(grad_out: torch.Tensor, x: torch.Tensor, *_: Any, ou
     return OpCost(x.numel())
 
 
-for _op, _dims in (
-    (aten._adaptive_avg_pool2d, 2),
-    (aten._adaptive_avg_pool3d, 3),
-    (aten.adaptive_max_pool2d, 2),
-    (aten.adaptive_max_pool3d, 3),
-):
-    BUILTIN[_op] = _adaptive_pool(_dims)
-for _op in (aten._adaptive_avg_pool2d_backward, aten._adaptive_avg_pool3d_backward):
-    BUILTIN[_op] = _adaptive_pool_backward
-for _op in (aten.adaptive_max_pool2d_backward, aten.adaptive_max_pool3d_backward):
-    BUILTIN[_op] = _scatter_grad
+for _dims in (2, 3):
+    _set(f"_adaptive_avg_pool{_dims}d", _adaptive_pool(_dims))
+    _set(f"adaptive_max_pool{_dims}d", _adaptive_pool(_dims))
+    _set(f"_adaptive_avg_pool{_dims}d_backward", _adaptive_pool_backward)
+    _set(f"adaptive_max_pool{_dims}d_backward", _scatter_grad)
 
 
 # ---------------------------------------------------------------- embedding, upsampling, losses
 
-BUILTIN[aten.embedding_dense_backward] = _scatter_grad
+_set("embedding_dense_backward", _scatter_grad)
 for _name in ("reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d"):
-    BUILTIN[getattr(aten, _name + "_backward")] = _scatter_grad
+    _set(_name + "_backward", _scatter_grad)
 
 
-@_register(aten._embedding_bag, aten._embedding_bag_forward_only)
+@_register("_embedding_bag", "_embedding_bag_forward_only")
 def embedding_bag(
     weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any
 ) -> OpCost:
@@ -641,13 +686,13 @@ def embedding_bag(
     return OpCost(gathered * (1 + int(per_sample_weights is not None)))
 
 
-@_register(aten._embedding_bag_backward, aten._embedding_bag_dense_backward)
+@_register("_embedding_bag_backward", "_embedding_bag_dense_backward")
 def embedding_bag_backward(grad: torch.Tensor, indices: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     # every looked-up row receives its bag's gradient: one add per gathered element
     return OpCost(indices.numel() * grad.shape[-1])
 
 
-@_register(aten._embedding_bag_per_sample_weights_backward)
+@_register("_embedding_bag_per_sample_weights_backward")
 def embedding_bag_weights_backward(
     grad: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, *_: Any, out_val: Any = None, **__: Any
 ) -> OpCost:
@@ -680,8 +725,8 @@ _INTERPOLATION = {
     "_upsample_bicubic2d_aa": 31,
 }
 for _name, _per_element in _INTERPOLATION.items():
-    BUILTIN[getattr(aten, _name)] = _interpolation(_per_element)
-    BUILTIN[getattr(aten, _name + "_backward")] = _interpolation_backward(_per_element)
+    _set(_name, _interpolation(_per_element))
+    _set(_name + "_backward", _interpolation_backward(_per_element))
 for _name in (
     "upsample_nearest1d",
     "upsample_nearest2d",
@@ -690,7 +735,7 @@ for _name in (
     "_upsample_nearest_exact2d",
     "_upsample_nearest_exact3d",
 ):
-    BUILTIN[getattr(aten, _name + "_backward")] = _scatter_grad
+    _set(_name + "_backward", _scatter_grad)
 
 # losses: FLOPs per input element, reduction included
 _LOSSES = {
@@ -720,18 +765,18 @@ def _loss_backward(per_element: int) -> Formula:
 
 
 for _name, _per_element in _LOSSES.items():
-    BUILTIN[getattr(aten, _name)] = _reduction(_per_element)
+    _set(_name, _reduction(_per_element))
 for _name, _per_element in _LOSS_BACKWARDS.items():
-    BUILTIN[getattr(aten, _name)] = _loss_backward(_per_element)
+    _set(_name, _loss_backward(_per_element))
 
 
-@_register(aten.nll_loss_forward, aten.nll_loss2d_forward)
+@_register("nll_loss_forward", "nll_loss2d_forward")
 def nll_loss(x: torch.Tensor, target: torch.Tensor, weight: Any = None, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     # one gathered value per target, summed (and weighted)
     return OpCost(target.numel() * (1 + int(weight is not None)))
 
 
-@_register(aten.nll_loss_backward, aten.nll_loss2d_backward)
+@_register("nll_loss_backward", "nll_loss2d_backward")
 def nll_loss_backward(grad_out: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return OpCost(target.numel())
 
@@ -760,7 +805,7 @@ _functional_assert_async sym_constrain_range_for_size lift lift_fresh_copy _has_
 """.split()
 
 DATA_MOVEMENT: frozenset[Any] = frozenset(
-    packet for name in DATA_MOVEMENT_NAMES for suffix in ("", "_") if (packet := getattr(aten, name + suffix, None)) is not None
+    packet for name in DATA_MOVEMENT_NAMES for suffix in ("", "_") if (packet := _op(name + suffix)) is not None
 )
 
 # Shape and metadata queries: not computation, not even listed.

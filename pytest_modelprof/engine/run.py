@@ -118,7 +118,9 @@ def _choose_mode(
     if requested is not None and requested.type == "meta":
         # fake tensors claim the model's own device, so kernels are chosen as in a real run
         claimed = model_device if model_device is not None and model_device.type != "meta" else torch.device("cpu")
-        return FakeTensorMode(allow_non_fake_inputs=False), claimed
+        # tensors the model keeps outside its parameters and buffers (plain attributes,
+        # closures) become fake on first use
+        return FakeTensorMode(allow_non_fake_inputs=True), claimed
     target = requested or model_device or torch.device("cpu")
     if target.type == "meta":
         raise ProfileError(f"{type(model).__name__} has tensors on the meta device: profile it analytically with device='meta'")
