@@ -7,26 +7,7 @@ The Python API works without pytest::
     print(result.gflops, result.params)
 """
 
-from .engine import (
-    FormulaError,
-    ModuleStats,
-    OpCost,
-    OpStats,
-    Profile,
-    ProfileError,
-    profile,
-    register_flop_formula,
-    unregister_flop_formula,
-)
+from . import engine
+from .engine import *  # noqa: F403  (the public API is the engine's)
 
-__all__ = [
-    "FormulaError",
-    "ModuleStats",
-    "OpCost",
-    "OpStats",
-    "Profile",
-    "ProfileError",
-    "profile",
-    "register_flop_formula",
-    "unregister_flop_formula",
-]
+__all__ = engine.__all__

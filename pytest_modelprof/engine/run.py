@@ -74,9 +74,11 @@ def profile(
         model.train(train)
         stack.enter_context(tracker)
         stack.enter_context(meter)
-        # A real inference run needs no swapped tensors: nothing receives a gradient
-        # and eval mode updates no buffer. Everything else runs on the copies.
-        state = None if fake_mode is None and not train else {**params, **buffers}
+        # A real inference run on the model's own device needs no swapped tensors:
+        # nothing receives a gradient and eval mode updates no buffer. Every other
+        # run uses the prepared tensors (moved, fake, or safe to backpropagate into).
+        in_place = fake_mode is None and not train and all(t.device == target for t in (*named_params.values(), *named_buffers.values()))
+        state = None if in_place else {**params, **buffers}
         _run(model, state, run_args, run_kwargs, train, loss_fn, tracker, meter)
 
     return _build_profile(model, named_modules, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
