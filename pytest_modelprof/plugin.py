@@ -1,22 +1,75 @@
-"""pytest wiring: hook specifications and the formulas plugins contribute.
-
-The engine knows nothing of pytest; this module only connects the two.
-"""
+"""pytest wiring only: options, ini keys, the marker, the ``model_profile`` fixture and
+the hooks that hand profiles to the session. The engine and the budget code know
+nothing of pytest."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from . import hookspecs
-from .engine import register_flop_formula, unregister_flop_formula
+from . import ci, hookspecs
+from .budgets import BudgetError, load_budgets
+from .engine import Profile, profile, register_flop_formula, unregister_flop_formula
+from .report.summary import format_markdown, format_table, summary_row
+from .session import ModelprofSession
 
-_FORMULAS_KEY = pytest.StashKey[list[Any]]()
+STATE = pytest.StashKey[ModelprofSession]()
+_FORMULAS = pytest.StashKey[list[Any]]()
+DEFAULT_BUDGETS = "budgets"
+PROFILE_OPTIONS = ("train", "loss_fn", "device")
+
+# (name, kind, help): each is --modelprof-<name> on the command line and modelprof_<name> in the ini file
+OPTIONS = (
+    ("budgets", "path", f"directory of budget files (*.toml); default: {DEFAULT_BUDGETS}/ under the rootdir"),
+    ("update", "bool", "write the measured figures as the new baselines (ceilings, comments and formatting are kept)"),
+    ("prune", "bool", "with --modelprof-update: remove stale budget entries (no test made them in a full run)"),
+    ("strict", "bool", "fail tests whose profiles have no budget entry"),
+    ("json", "path", "directory to write one JSON file per profile and a session summary into"),
+    ("device", "string", "device every profile runs on unless a test says otherwise: cpu, cuda, or meta (analytic)"),
+)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("modelprof", "model budgets (pytest-modelprof)")
+    for name, kind, text in OPTIONS:
+        flag = f"--modelprof-{name}"
+        if kind == "bool":
+            group.addoption(flag, action="store_true", default=None, dest=f"modelprof_{name}", help=text)
+            parser.addini(f"modelprof_{name}", text, type="bool", default=False)
+        else:
+            group.addoption(flag, default=None, dest=f"modelprof_{name}", metavar=name.upper(), help=text)
+            parser.addini(f"modelprof_{name}", text, default="")
+
+
+def option(config: pytest.Config, name: str) -> Any:
+    """A modelprof option: the command line's value if given, else the ini file's."""
+    value = config.getoption(f"modelprof_{name}")
+    return value if value is not None else config.getini(f"modelprof_{name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "modelprof(train=False, loss_fn=None, device=None): options for the model_profile calls of this test",
+    )
+    configured = option(config, "budgets")
+    directory = Path(configured) if configured else config.rootpath / DEFAULT_BUDGETS
+    if not directory.is_absolute():
+        directory = config.invocation_params.dir / directory
+    try:
+        budgets = load_budgets(directory, required=bool(configured))
+    except BudgetError as error:
+        raise pytest.UsageError(f"pytest-modelprof: {error}") from None
+    config.stash[STATE] = ModelprofSession(budgets, update=option(config, "update"), prune=option(config, "prune"), strict=option(config, "strict"))
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistHooks(config), "modelprof-xdist")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -25,9 +78,167 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         for op, formula in (formulas or {}).items():
             register_flop_formula(op, formula)
             registered.append(op)
-    session.config.stash[_FORMULAS_KEY] = registered
+    session.config.stash[_FORMULAS] = registered
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    for op in session.config.stash.get(_FORMULAS_KEY, []):
+class ModelProfiler:
+    """What the ``model_profile`` fixture returns: call it to profile a model."""
+
+    def __init__(self, state: ModelprofSession, nodeid: str, defaults: dict[str, Any]) -> None:
+        self._state = state
+        self._nodeid = nodeid
+        self._defaults = defaults
+        self._made = 0
+
+    def __call__(self, model: Any, inputs: Any = (), *, name: str | None = None, **options: Any) -> Profile:
+        """Profile ``model`` on ``inputs`` and return the :class:`Profile`.
+
+        ``name`` is the profile's key in the budget files; by default the test's node id
+        (``#2``, ``#3``... for later unnamed profiles of the same test). ``options`` are
+        :func:`pytest_modelprof.profile`'s: ``train``, ``loss_fn``, ``device``.
+        """
+        _check_options(options)
+        self._made += 1
+        if name is None:
+            name = self._nodeid if self._made == 1 else f"{self._nodeid}#{self._made}"
+        result = profile(model, inputs, **{**self._defaults, **options})
+        result.name = name
+        self._state.record(name, self._nodeid, result)
+        return result
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - set(PROFILE_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown model_profile option {unknown[0]!r}; expected name= or one of: {', '.join(PROFILE_OPTIONS)}")
+
+
+@pytest.fixture
+def model_profile(request: pytest.FixtureRequest) -> ModelProfiler:
+    """Profile models in a test and hold each profile against its budget.
+
+    ``model_profile(model, inputs, name=None, train=False, loss_fn=None, device=None)``
+    returns a :class:`pytest_modelprof.Profile`. After the test, every profile it made
+    is checked against the budget files; a profile over budget fails the test.
+    """
+    defaults: dict[str, Any] = {}
+    device = option(request.config, "device")
+    if device:
+        defaults["device"] = device
+    marker = request.node.get_closest_marker("modelprof")
+    if marker is not None:
+        if marker.args:
+            raise TypeError("@pytest.mark.modelprof takes keyword options only, e.g. @pytest.mark.modelprof(train=True)")
+        _check_options(marker.kwargs)
+        defaults.update(marker.kwargs)
+    return ModelProfiler(request.config.stash[STATE], request.node.nodeid, defaults)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    state = item.config.stash[STATE]
+    state.coverage.ran.add(item.nodeid)
+    result = yield
+    failures = state.failures(item.nodeid)
+    if failures:
+        pytest.fail("\n".join(failures), pytrace=False)
+    return result
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    coverage = config.stash[STATE].coverage
+    for item in items:
+        coverage.tests.add(item.nodeid)
+        coverage.files.add(item.nodeid.partition("::")[0])
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        items[0].config.stash[STATE].coverage.complete = False
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    for op in config.stash.get(_FORMULAS, []):
         unregister_flop_formula(op)
+    state = config.stash[STATE]
+    if session.shouldfail or session.shouldstop:
+        state.coverage.complete = False
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller merges and writes
+        config.workeroutput["modelprof"] = state.worker_output()  # type: ignore[attr-defined]
+        return
+    state.finish()
+    directory = option(config, "json")
+    if directory:
+        state.write_json(config.invocation_params.dir / directory)
+    if state.error:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if ci.in_github_actions() and (state.records or state.stale):
+        ci.append_step_summary("## Model budgets\n\n" + format_markdown(_rows(state)))
+
+
+def _rows(state: ModelprofSession) -> list[Any]:
+    rows = []
+    for verdict in state.verdicts():
+        record = state.records.get(verdict.name)
+        budget = state.budgets.profiles.get(verdict.name)
+        baseline = budget.baselines.get("gflops") if budget else None
+        rows.append(summary_row(verdict, record.profile if record else None, baseline))
+    return rows
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash[STATE]
+    if hasattr(config, "workerinput") or not (state.records or state.stale or state.error):
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("model budgets")
+    for line in format_table(_rows(state)):
+        write(line)
+    if state.error:
+        write(f"ERROR: {state.error}", red=True)
+    for path in state.written:
+        write(f"updated {_relative(path, config)}")
+    statuses = {v.status for v in state.verdicts()}
+    for hint in _next_steps(statuses, state):
+        write(hint)
+    if ci.in_github_actions():
+        for line in ci.annotations(state.verdicts(), config.rootpath):
+            write(line)
+
+
+def _next_steps(statuses: set[str], state: ModelprofSession) -> list[str]:
+    hints = []
+    if state.update:
+        if state.stale and not state.prune:
+            hints.append("stale entries kept; to remove them: pytest --modelprof-update --modelprof-prune")
+        return hints
+    if "regressed" in statuses:
+        hints.append("if the increase is intended, accept it as the new baseline: pytest --modelprof-update")
+    if "improved" in statuses:
+        hints.append("to lock in the improvement: pytest --modelprof-update")
+    if "new" in statuses:
+        hints.append("to record budgets for new profiles: pytest --modelprof-update")
+    if "stale" in statuses:
+        hints.append("stale entries (no test made them): pytest --modelprof-update --modelprof-prune removes them")
+    return hints
+
+
+def _relative(path: Path, config: pytest.Config) -> str:
+    try:
+        return str(path.relative_to(config.invocation_params.dir))
+    except ValueError:
+        return str(path)
+
+
+class XdistHooks:
+    """Controller side of pytest-xdist: merge what each worker profiled."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        output = getattr(node, "workeroutput", {}).get("modelprof")
+        if output:
+            self.config.stash[STATE].merge_worker(output)

@@ -69,6 +69,8 @@ class Profile:
 
     ``flops`` and ``macs`` cover the whole workload: the forward pass for inference;
     forward, loss, backward and any recomputation for a training step (``train=True``).
+    ``peak_activation_bytes``, ``peak_memory_bytes``, ``latency_seconds`` (median) and
+    ``machine`` (what the latency was measured on) are ``None`` when not measured.
     """
 
     model: str
@@ -92,6 +94,11 @@ class Profile:
     ops: list[OpStats] = field(default_factory=list)
     uncounted: dict[str, int] = field(default_factory=dict)
     name: str | None = None
+    # Memory and latency figures: None until the memory and timing meters measure them.
+    peak_activation_bytes: int | None = None
+    peak_memory_bytes: int | None = None
+    latency_seconds: float | None = None
+    machine: str | None = None
 
     @property
     def flops(self) -> int:

@@ -1,0 +1,49 @@
+"""Budgeted profiles of real models: what a team commits next to its model code.
+
+Run them with ``python -m pytest examples``; ``--modelprof-update`` refreshes the
+baselines in budgets/test_models.toml. Real CPU runs, small batches: under two
+minutes on two cores. The 7B Llama step is analytic (nothing is allocated).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from examples.gpt2 import GPT2, GPT2Config
+from examples.llama import Llama, LlamaConfig
+
+
+def test_resnet18(model_profile):
+    result = model_profile(torchvision.models.resnet18(), torch.randn(1, 3, 224, 224))
+    assert result.uncounted == {}
+    assert result.gflops < 4.0
+
+
+@pytest.mark.modelprof(train=True)
+def test_mobilenet_v3_training_step(model_profile):
+    result = model_profile(torchvision.models.mobilenet_v3_small(), torch.randn(4, 3, 224, 224))
+    assert result.backward_flops > result.forward_flops
+
+
+def test_small_transformer(model_profile):
+    model = GPT2(GPT2Config(vocab_size=1000, context=128, width=128, layers=4, heads=4))
+    tokens = torch.randint(0, 1000, (2, 128))
+    inference = model_profile(model, tokens, name="gpt2-mini inference")
+    step = model_profile(model, tokens, name="gpt2-mini training step", train=True)
+    assert step.forward_flops == inference.forward_flops
+
+
+def test_lstm(model_profile):
+    lstm = nn.LSTM(64, 128, num_layers=2, bidirectional=True, batch_first=True)
+    model_profile(lstm, torch.randn(8, 50, 64))
+
+
+@pytest.mark.modelprof(device="meta", train=True)
+def test_llama_7b_training_step_analytic(model_profile):
+    with torch.device("meta"):
+        model = Llama(LlamaConfig.llama_7b())
+    result = model_profile(model, torch.randint(0, 32000, (1, 2048)))
+    assert result.analytic

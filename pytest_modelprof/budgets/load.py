@@ -1,0 +1,258 @@
+"""Reading and validating budget files; every error names the file and the line.
+
+A budget file (``budgets/*.toml``) holds one table per profile::
+
+    [profiles."examples/test_models.py::test_resnet18"]
+    max_gflops = 4.0                          # hand-written ceilings
+    max_params = 12_000_000
+    max_latency_ms = { cpu = 80.0, cuda = 4.0 }
+    tolerance = "2%"                          # or { gflops = "0%", latency_ms = "15%" }
+
+    [profiles."examples/test_models.py::test_resnet18".baseline]   # --modelprof-update writes these
+    gflops = 3.642975
+    params = 11689512
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from .metrics import METRICS, Tolerance, is_finite_number
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 only
+    import tomli as tomllib
+
+DEVICES = ("cpu", "cuda")
+PROFILE_KEYS = sorted([f"max_{key}" for key in METRICS] + ["tolerance", "baseline"])
+
+
+class BudgetError(Exception):
+    """A budget file or directory that cannot be used, with where and why."""
+
+    def __init__(self, path: Path, line: int | None, message: str) -> None:
+        self.path = path
+        self.line = line
+        self.message = message
+        super().__init__(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+
+
+@dataclass
+class ProfileBudget:
+    """The ceilings, baselines and tolerances of one profile, and where each was written."""
+
+    name: str
+    path: Path
+    line: int
+    ceilings: dict[str, float] = field(default_factory=dict)
+    device_ceilings: dict[str, dict[str, float]] = field(default_factory=dict)
+    baselines: dict[str, float] = field(default_factory=dict)
+    machine_baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    tolerances: dict[str, Tolerance] = field(default_factory=dict)
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def tolerance(self, metric: str) -> Tolerance:
+        return self.tolerances.get(metric, METRICS[metric].default_tolerance)
+
+    def line_of(self, key: str) -> int:
+        """The line of ``key`` (``"max_gflops"``, ``"baseline.gflops"``), else of the profile."""
+        return self.lines.get(key, self.line)
+
+
+@dataclass
+class Budgets:
+    directory: Path
+    profiles: dict[str, ProfileBudget] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+
+
+def load_budgets(directory: Path, *, required: bool = False) -> Budgets:
+    """Every ``*.toml`` below ``directory``. A missing directory is an error only if ``required``."""
+    if not directory.exists():
+        if required:
+            raise BudgetError(directory, None, "the budget directory does not exist (create it, or point --modelprof-budgets elsewhere)")
+        return Budgets(directory)
+    if not directory.is_dir():
+        raise BudgetError(directory, None, "expected a directory of budget files (*.toml), found a file")
+    budgets = Budgets(directory, files=sorted(directory.rglob("*.toml")))
+    for path in budgets.files:
+        for budget in read_budget_file(path):
+            earlier = budgets.profiles.get(budget.name)
+            if earlier is not None:
+                raise BudgetError(
+                    path,
+                    budget.line,
+                    f"profile {budget.name!r} is also defined at {earlier.path}:{earlier.line}; each profile belongs in one file",
+                )
+            budgets.profiles[budget.name] = budget
+    return budgets
+
+
+def read_budget_file(path: Path) -> list[ProfileBudget]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = getattr(error, "lineno", None) or _line_from_message(str(error))
+        if line is None and "end of document" in str(error):
+            line = max(1, len(text.splitlines()))
+        raise BudgetError(path, line, f"not valid TOML: {error}") from None
+    lines = key_lines(text)
+    for key in data:
+        if key != "profiles":
+            _unknown(path, lines.get((key,)), key, ["profiles"], "at the top level")
+    profiles = data.get("profiles", {})
+    if not isinstance(profiles, dict):
+        raise BudgetError(path, lines.get(("profiles",)), "'profiles' must be a table of [profiles.\"<name>\"] tables")
+    return [_read_profile(path, name, table, lines) for name, table in profiles.items()]
+
+
+def _read_profile(path: Path, name: str, table: Any, lines: dict[tuple[str, ...], int]) -> ProfileBudget:
+    where = ("profiles", name)
+    budget = ProfileBudget(name, path, lines.get(where, 1))
+    if not isinstance(table, dict):
+        raise BudgetError(path, budget.line, f"profile {name!r} must be a table, got {_kind(table)}")
+
+    def line(*key: str) -> int:
+        return _best_line(lines, (*where, *key), budget.line)
+
+    for key, value in table.items():
+        budget.lines[key] = line(key)
+        if key == "baseline":
+            _read_baselines(path, name, value, budget, line)
+        elif key == "tolerance":
+            _read_tolerances(path, value, budget, line)
+        elif key.startswith("max_") and key[4:] in METRICS:
+            metric = METRICS[key[4:]]
+            if metric.per_device and isinstance(value, dict):
+                for device, limit in value.items():
+                    if device not in DEVICES:
+                        _unknown(path, line(key, device), device, list(DEVICES), f"in {key}")
+                    budget.device_ceilings.setdefault(metric.key, {})[device] = _number(path, line(key, device), f"{key}.{device}", limit)
+            else:
+                budget.ceilings[metric.key] = _number(path, line(key), key, value)
+        else:
+            _unknown(path, line(key), key, PROFILE_KEYS, f"in profile {name!r}")
+    return budget
+
+
+def _read_baselines(path: Path, name: str, table: Any, budget: ProfileBudget, line: Any) -> None:
+    if not isinstance(table, dict):
+        raise BudgetError(path, line("baseline"), f"'baseline' must be a table of metric = value, got {_kind(table)}")
+    for key, value in table.items():
+        budget.lines[f"baseline.{key}"] = line("baseline", key)
+        metric = METRICS.get(key)
+        if metric is None:
+            _unknown(path, line("baseline", key), key, sorted(METRICS), f"in the baseline of {name!r}")
+        elif metric.per_device:
+            if not isinstance(value, dict):
+                raise BudgetError(path, line("baseline", key), f"baseline.{key} must be a table of machine = value, got {_kind(value)}")
+            budget.machine_baselines[key] = {
+                machine: _number(path, line("baseline", key, machine), f"baseline.{key}.{machine}", v) for machine, v in value.items()
+            }
+        else:
+            budget.baselines[key] = _number(path, line("baseline", key), f"baseline.{key}", value)
+
+
+def _read_tolerances(path: Path, value: Any, budget: ProfileBudget, line: Any) -> None:
+    """``tolerance = "2%"`` for every metric, or ``tolerance = { gflops = "0.1 GFLOPs", latency_ms = "10%" }``."""
+    if isinstance(value, str):
+        if "%" not in value:
+            raise BudgetError(
+                path,
+                line("tolerance"),
+                f'a tolerance for every metric must be a percentage such as "2%", got {value!r}; '
+                'give amounts per metric: tolerance = { gflops = "0.1 GFLOPs" }',
+            )
+        entries = {key: (value, line("tolerance")) for key in METRICS}
+    elif isinstance(value, dict):
+        for key in value:
+            if key not in METRICS:
+                _unknown(path, line("tolerance", key), key, sorted(METRICS), "in tolerance")
+        entries = {key: (text, line("tolerance", key)) for key, text in value.items()}
+    else:
+        raise BudgetError(path, line("tolerance"), f'tolerance must be a string such as "2%" or a table of metric = tolerance, got {_kind(value)}')
+    for key, (text, at) in entries.items():
+        if not isinstance(text, str):
+            raise BudgetError(path, at, f'tolerance for {key} must be a string such as "2%", got {_kind(text)}')
+        try:
+            budget.tolerances[key] = METRICS[key].parse_tolerance(text)
+        except ValueError as error:
+            raise BudgetError(path, at, f"tolerance for {key}: {error}") from None
+
+
+def _number(path: Path, line: int, key: str, value: Any) -> float:
+    if not is_finite_number(value) or value < 0:
+        raise BudgetError(path, line, f"{key} must be a finite, non-negative number, got {_kind(value)}")
+    return float(value)
+
+
+def _unknown(path: Path, line: int | None, key: str, known: list[str], where: str) -> None:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise BudgetError(path, line, f"unknown key {key!r} {where}{hint} (expected one of: {', '.join(known)})")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return f"a {'table' if isinstance(value, dict) else 'list'}"
+    return repr(value)
+
+
+def _line_from_message(message: str) -> int | None:
+    marker = "line "
+    if marker in message:
+        digits = message.split(marker, 1)[1].split(",")[0].split(")")[0]
+        if digits.isdigit():
+            return int(digits)
+    return None
+
+
+def _best_line(lines: dict[tuple[str, ...], int], key: tuple[str, ...], default: int) -> int:
+    while key:
+        if key in lines:
+            return lines[key]
+        key = key[:-1]
+    return default
+
+
+def key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """1-based line of every table header and key in a TOML text, by full key path."""
+    found: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and not line.startswith("[["):
+            path = _parsed_path(line)
+            if path is not None:
+                table = path
+                found.setdefault(table, number)
+            continue
+        if "=" in line:
+            path = _parsed_path(line)
+            if path is not None:
+                for depth in range(1, len(path) + 1):
+                    found.setdefault((*table, *path[:depth]), number)
+    return found
+
+
+def _parsed_path(line: str) -> tuple[str, ...] | None:
+    """The key path a header or ``key = value`` line names (the innermost keys of an inline table too)."""
+    try:
+        node: Any = tomlkit.parse(line).unwrap()
+    except Exception:  # a line of a multi-line value: not a key
+        return None
+    path: list[str] = []
+    while isinstance(node, dict) and len(node) == 1:
+        key, node = next(iter(node.items()))
+        path.append(key)
+    return tuple(path) if path else None

@@ -1,0 +1,83 @@
+"""The metrics a budget can hold, each with its unit in its key name.
+
+Budget files use decimal units: 1 GFLOPs = 10^9 FLOPs, 1 MB = 10^6 bytes,
+1 ms = 10^-3 s. Parameters are a plain count.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..engine.result import Profile
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a measurement may exceed its baseline: relative, or absolute in the metric's unit."""
+
+    text: str
+    relative: float = 0.0
+    absolute: float = 0.0
+
+    def allowed(self, baseline: float) -> float:
+        return baseline + max(self.relative * abs(baseline), self.absolute)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One budgeted figure: ``max_<key>`` is its ceiling, ``baseline.<key>`` its baseline."""
+
+    key: str
+    unit: str
+    scale: float  # raw engine units per budget unit
+    digits: int  # significant digits kept in baselines (and in comparisons with them); 0: an exact count
+    default_tolerance: Tolerance
+    read: Callable[[Profile], float | None]
+    per_device: bool = False
+
+    def measure(self, profile: Profile) -> float | None:
+        """The profile's figure in this metric's unit, rounded as baselines are; None if not measured."""
+        raw = self.read(profile)
+        if raw is None:
+            return None
+        return self.rounded(raw / self.scale)
+
+    def rounded(self, value: float) -> float:
+        return float(f"{value:.{self.digits}g}") if self.digits else float(round(value))
+
+    def format(self, value: float) -> str:
+        return f"{value:.4g} {self.unit}" if self.digits else f"{value:,.0f} {self.unit}"
+
+    def parse_tolerance(self, text: str) -> Tolerance:
+        """``"2%"``, or an amount in this metric's unit such as ``"0.5 GFLOPs"``; raises ValueError."""
+        relative = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*", text)
+        if relative:
+            return Tolerance(text, relative=float(relative.group(1)) / 100)
+        absolute = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]+)\s*", text)
+        if absolute and absolute.group(2).lower() == self.unit.lower():
+            return Tolerance(text, absolute=float(absolute.group(1)))
+        raise ValueError(f'expected a percentage such as "2%" or an amount such as "1.5 {self.unit}", got {text!r}')
+
+
+METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric("gflops", "GFLOPs", 1e9, 9, Tolerance("0%"), lambda p: p.flops),
+        Metric("params", "params", 1, 0, Tolerance("0%"), lambda p: p.params),
+        Metric("peak_activation_mb", "MB", 1e6, 7, Tolerance("2%"), lambda p: p.peak_activation_bytes),
+        Metric("peak_memory_mb", "MB", 1e6, 7, Tolerance("2%"), lambda p: p.peak_memory_bytes),
+        Metric("latency_ms", "ms", 1e-3, 4, Tolerance("10%"), lambda p: p.latency_seconds, per_device=True),
+    )
+}
+
+
+def device_kind(profile: Profile) -> str:
+    """``"cpu"`` or ``"cuda"``: the key of per-device ceilings such as ``max_latency_ms``."""
+    return profile.device.partition(":")[0]
+
+
+def is_finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,63 @@
+"""The end-of-session summary: one row per profile, as text for the terminal and as Markdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..budgets import METRICS, Verdict
+from ..engine.result import Profile
+
+
+@dataclass
+class SummaryRow:
+    name: str
+    status: str
+    gflops: str = ""
+    params: str = ""
+    peak_mb: str = ""
+    latency_ms: str = ""
+    change: str = ""
+
+
+def summary_row(verdict: Verdict, profile: Profile | None, baseline_gflops: float | None) -> SummaryRow:
+    """Figures of one profile in budget units; ``change`` is GFLOPs against the baseline."""
+    row = SummaryRow(verdict.name, verdict.status)
+    if profile is None:
+        return row
+    gflops = METRICS["gflops"].measure(profile)
+    row.gflops = f"{gflops:.4g}" if gflops is not None else ""
+    row.params = f"{profile.params:,}"
+    peak = METRICS["peak_memory_mb"].measure(profile)
+    row.peak_mb = f"{peak:.1f}" if peak is not None else ""
+    latency = METRICS["latency_ms"].measure(profile)
+    row.latency_ms = f"{latency:.3g}" if latency is not None else ""
+    if baseline_gflops and gflops is not None:
+        row.change = f"{(gflops - baseline_gflops) / baseline_gflops:+.2%}"
+    return row
+
+
+HEADERS = ("profile", "GFLOPs", "params", "peak MB", "latency ms", "vs baseline", "status")
+
+
+def _cells(row: SummaryRow) -> tuple[str, ...]:
+    return (row.name, row.gflops, row.params, row.peak_mb, row.latency_ms, row.change, row.status)
+
+
+def format_table(rows: list[SummaryRow]) -> list[str]:
+    """Aligned text rows, numbers right-aligned."""
+    table = [HEADERS, *(_cells(r) for r in rows)]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(HEADERS))]
+    lines = []
+    for cells in table:
+        parts = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:-1], widths[1:-1])] + [cells[-1]]
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def format_markdown(rows: list[SummaryRow]) -> str:
+    def escape(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(HEADERS) - 2) + ["---"]) + "|"]
+    lines += ["| " + " | ".join(escape(c) or " " for c in _cells(r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
