@@ -107,7 +107,7 @@ def read_budget_file(path: Path) -> list[ProfileBudget]:
     lines = key_lines(text)
     for key in data:
         if key != "profiles":
-            _unknown(path, lines.get((key,)), key, ["profiles"], "at the top level")
+            _unknown(path, min((n for k, n in lines.items() if k[0] == key), default=None), key, ["profiles"], "at the top level")
     profiles = data.get("profiles", {})
     if not isinstance(profiles, dict):
         raise BudgetError(path, lines.get(("profiles",)), "'profiles' must be a table of [profiles.\"<name>\"] tables")

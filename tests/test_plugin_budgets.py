@@ -1,0 +1,96 @@
+"""Verdicts: a profile over budget fails the test that made it, with one readable message."""
+
+from conftest import SMALL_GFLOPS, write_budget
+
+
+def test_over_ceiling_fails_the_test_itself(project):
+    write_budget(project, '[profiles."test_models.py::test_small"]\nmax_params = 10\n')
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)  # a failure of the test, not an error in teardown
+    result.stdout.fnmatch_lines(
+        [
+            "*profile 'test_models.py::test_small' is over its budget:",
+            "*params: measured 20 params, allowed 10 params (max_params): +100.00% (+10 params) [[]*budgets/test_models.toml:2[]]",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*test_models.py::test_small *regressed"])
+
+
+def test_worse_than_baseline_beyond_tolerance(project):
+    baseline = SMALL_GFLOPS / 1.05  # the model now costs 5% more
+    write_budget(
+        project,
+        f'# hand-written\n[profiles."test_models.py::test_small"]\ntolerance = "2%"\n\n'
+        f'[profiles."test_models.py::test_small".baseline]\ngflops = {baseline!r}\nparams = 20\n',
+    )
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*gflops: measured 1.08e-07 GFLOPs, allowed * (baseline * + 2%): +5.00% (+* GFLOPs) vs baseline [[]*test_models.toml:6[]]"])
+    result.stdout.fnmatch_lines(["*pytest --modelprof-update*"])
+
+
+def test_within_tolerance_passes(project):
+    write_budget(
+        project,
+        f'[profiles."test_models.py::test_small"]\ntolerance = "2%"\n[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS / 1.01!r}\n',
+    )
+    result = project.runpytest()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_models.py::test_small * +1.00%  ok"])
+
+
+def test_absolute_tolerance(project):
+    write_budget(
+        project,
+        '[profiles."test_models.py::test_small"]\ntolerance = { params = "5 params" }\n'
+        '[profiles."test_models.py::test_small".baseline]\nparams = 16\n',
+    )
+    project.runpytest().assert_outcomes(passed=1)
+    write_budget(
+        project,
+        '[profiles."test_models.py::test_small"]\ntolerance = { params = "3 params" }\n'
+        '[profiles."test_models.py::test_small".baseline]\nparams = 16\n',
+    )
+    project.runpytest().assert_outcomes(failed=1)
+
+
+def test_clearly_better_than_baseline_is_an_improvement(project):
+    write_budget(project, f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS * 2!r}\nparams = 20\n')
+    result = project.runpytest()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_models.py::test_small * -50.00%  improved", "*to lock in the improvement: pytest --modelprof-update*"])
+
+
+def test_profile_without_budget_is_new_and_strict_fails_it(project):
+    result = project.runpytest()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_models.py::test_small * new", "*to record budgets for new profiles: pytest --modelprof-update*"])
+    strict = project.runpytest("--modelprof-strict")
+    strict.assert_outcomes(failed=1)
+    strict.stdout.fnmatch_lines(["*has no budget (--modelprof-strict)*"])
+
+
+def test_a_failing_test_is_not_checked_twice(project):
+    project.makepyfile(
+        test_models="""
+        import torch
+        from torch import nn
+
+        def test_small(model_profile):
+            model_profile(nn.Linear(4, 4), torch.ones(3, 4))
+            assert False, "the test's own failure"
+        """
+    )
+    write_budget(project, '[profiles."test_models.py::test_small"]\nmax_params = 10\n')
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the test's own failure*"])
+    result.stdout.fnmatch_lines(["*test_models.py::test_small * regressed"])
+
+
+def test_a_run_without_update_never_changes_budget_files(project):
+    path = write_budget(project, f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS / 2!r}\n')
+    before = path.read_bytes()
+    project.runpytest().assert_outcomes(failed=1)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["test_models.toml"]

@@ -1,0 +1,112 @@
+"""The model_profile fixture: names, options from marker, ini and command line."""
+
+import pytest
+
+
+def test_fixture_returns_the_profile_and_names_it_after_the_test(pytester):
+    pytester.makepyfile(
+        test_named="""
+        import pytest, torch
+        from torch import nn
+
+        @pytest.mark.parametrize("width", [4, 8])
+        def test_named(model_profile, width):
+            first = model_profile(nn.Linear(width, width), torch.ones(1, width))
+            second = model_profile(nn.Linear(width, 1), torch.ones(1, width))
+            chosen = model_profile(nn.Linear(width, 2), torch.ones(1, width), name=f"chosen-{width}")
+            assert first.name == f"test_named.py::test_named[{width}]"
+            assert second.name == f"test_named.py::test_named[{width}]#2"
+            assert chosen.name == f"chosen-{width}"
+            assert first.params == width * width + width
+        """
+    )
+    result = pytester.runpytest("-W", "error", "--strict-markers")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*model budgets*", "test_named.py::test_named?4?#2 *new"])
+
+
+def test_marker_options_apply_and_calls_override_them(pytester):
+    pytester.makepyfile(
+        """
+        import pytest, torch
+        from torch import nn
+
+        @pytest.mark.modelprof(train=True, device="meta")
+        def test_marked(model_profile):
+            step = model_profile(nn.Linear(4, 4, bias=False), torch.ones(3, 4, requires_grad=True))
+            assert step.train and step.analytic
+            assert step.backward_flops == 2 * step.forward_flops
+            inference = model_profile(nn.Linear(4, 4), torch.ones(3, 4), train=False)
+            assert not inference.train and inference.analytic
+        """
+    )
+    pytester.runpytest("--strict-markers", "-W", "error").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("args, analytic", [((), True), (("--modelprof-device", "cpu"), False)], ids=["ini", "command line wins"])
+def test_device_from_ini_and_command_line(pytester, args, analytic):
+    pytester.makeini("[pytest]\nmodelprof_device = meta\n")
+    pytester.makepyfile(
+        test_device=f"""
+        import torch
+        from torch import nn
+
+        def test_where(model_profile):
+            assert model_profile(nn.Linear(2, 2), torch.ones(1, 2)).analytic is {analytic}
+        """
+    )
+    pytester.runpytest(*args).assert_outcomes(passed=1)
+
+
+def test_unknown_option_is_a_clear_error(pytester):
+    pytester.makepyfile(
+        """
+        import torch
+        from torch import nn
+
+        def test_typo(model_profile):
+            model_profile(nn.Linear(2, 2), torch.ones(1, 2), trian=True)
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*unknown model_profile option 'trian'; expected name= or one of: train, loss_fn, device*"])
+
+
+def test_two_tests_cannot_share_a_profile_name(pytester):
+    pytester.makepyfile(
+        test_shared="""
+        import torch
+        from torch import nn
+
+        def test_a(model_profile):
+            model_profile(nn.Linear(2, 2), torch.ones(1, 2), name="same")
+
+        def test_b(model_profile):
+            model_profile(nn.Linear(2, 2), torch.ones(1, 2), name="same")
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*a profile named 'same' was already made by test_shared.py::test_a*"])
+
+
+def test_inert_for_tests_that_do_not_profile(pytester):
+    pytester.makepyfile("def test_plain():\n    assert True\n")
+    result = pytester.runpytest("-W", "error", "--strict-markers")
+    result.assert_outcomes(passed=1)
+    assert "model budgets" not in result.stdout.str()
+    assert not (pytester.path / "budgets").exists()
+
+
+def test_disabled_with_no_modelprof(pytester):
+    pytester.makepyfile(
+        """
+        def test_without_fixture(request):
+            assert not request.config.pluginmanager.hasplugin("modelprof")
+        """
+    )
+    result = pytester.runpytest("-p", "no:modelprof", "-W", "error")
+    result.assert_outcomes(passed=1)
+    result = pytester.runpytest("-p", "no:modelprof", "--help")
+    assert "--modelprof-update" not in result.stdout.str()

@@ -1,0 +1,116 @@
+"""--modelprof-update: baselines written atomically, nothing hand-written lost, byte-stable."""
+
+import os
+import stat
+
+from conftest import SMALL_GFLOPS, write_budget
+
+HAND_WRITTEN = """\
+# Budgets of the small model.
+[profiles."test_models.py::test_small"]
+max_gflops = 1.0   # generous
+max_params = 1_000
+
+[profiles."test_models.py::test_small".baseline]
+params = 20   # exact
+gflops = 5e-08
+
+[profiles."kept"]
+max_gflops = 2.0
+"""
+
+
+def test_update_rewrites_baselines_and_keeps_everything_else(project):
+    path = write_budget(project, HAND_WRITTEN)
+    result = project.runpytest("--modelprof-update")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_models.py::test_small * updated", "updated budgets?test_models.toml"])
+    assert path.read_text() == HAND_WRITTEN.replace("gflops = 5e-08", f"gflops = {SMALL_GFLOPS!r}")
+
+
+def test_update_twice_leaves_the_file_byte_identical(project):
+    path = write_budget(project, HAND_WRITTEN)
+    project.runpytest("--modelprof-update").assert_outcomes(passed=1)
+    first = path.read_bytes()
+    mtime = path.stat().st_mtime_ns
+    project.runpytest("--modelprof-update").assert_outcomes(passed=1)
+    assert path.read_bytes() == first
+    assert path.stat().st_mtime_ns == mtime  # not even rewritten
+
+
+def test_update_creates_entries_for_new_profiles(project):
+    result = project.runpytest("--modelprof-update")
+    result.assert_outcomes(passed=1)
+    created = project.path / "budgets" / "test_models.toml"
+    assert created.read_text() == f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS!r}\nparams = 20\n\n'
+    project.runpytest("--modelprof-strict").assert_outcomes(passed=1)
+
+
+def test_update_does_not_silence_a_ceiling(project):
+    write_budget(project, '[profiles."test_models.py::test_small"]\nmax_params = 10\n')
+    result = project.runpytest("--modelprof-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*params: measured 20 params, allowed 10 params (max_params)*"])
+
+
+def test_update_with_k_touches_only_what_ran(project):
+    project.makepyfile(
+        test_models="""
+        import torch
+        from torch import nn
+
+        def test_small(model_profile):
+            model_profile(nn.Linear(4, 4), torch.ones(3, 4))
+
+        def test_other(model_profile):
+            model_profile(nn.Linear(2, 2), torch.ones(1, 2))
+        """
+    )
+    path = write_budget(
+        project,
+        '[profiles."test_models.py::test_small".baseline]\ngflops = 1e-09\n\n[profiles."test_models.py::test_other".baseline]\ngflops = 1e-09\n',
+    )
+    project.runpytest("--modelprof-update", "-k", "test_small").assert_outcomes(passed=1)
+    text = path.read_text()
+    assert f"gflops = {SMALL_GFLOPS!r}" in text
+    assert text.count("gflops = 1e-09") == 1  # test_other did not run: its baseline stays
+    assert "stale" not in project.runpytest("-k", "test_small").stdout.str()
+
+
+def test_stale_entries_are_listed_and_removed_only_with_prune(project):
+    text = f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS!r}\nparams = 20\n\n[profiles."test_models.py::test_removed".baseline]\ngflops = 1.0\n'
+    path = write_budget(project, text)
+    result = project.runpytest()
+    result.stdout.fnmatch_lines(["*test_models.py::test_removed * stale", "*--modelprof-update --modelprof-prune removes them*"])
+    project.runpytest("--modelprof-update")
+    assert "test_removed" in path.read_text()
+    project.runpytest("--modelprof-update", "--modelprof-prune")
+    assert "test_removed" not in path.read_text()
+    assert "test_small" in path.read_text()
+
+
+def test_read_only_budget_file_is_refused_and_left_as_it_was(project):
+    path = write_budget(project, HAND_WRITTEN)
+    path.chmod(stat.S_IRUSR | stat.S_IRGRP)
+    try:
+        result = project.runpytest("--modelprof-update")
+        assert result.ret != 0
+        result.stdout.fnmatch_lines(["*could not write baselines: *test_models.toml: is read-only*"])
+        assert path.read_text() == HAND_WRITTEN
+        assert sorted(p.name for p in path.parent.iterdir()) == ["test_models.toml"]
+    finally:
+        path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+
+
+def test_a_failed_write_leaves_no_half_written_file(project, monkeypatch):
+    path = write_budget(project, HAND_WRITTEN)
+
+    def broken_replace(source, destination):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    result = project.runpytest("--modelprof-update")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*could not write baselines: disk full*"])
+    assert path.read_text() == HAND_WRITTEN
+    assert sorted(p.name for p in path.parent.iterdir()) == ["test_models.toml"]
