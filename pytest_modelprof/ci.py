@@ -22,7 +22,7 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def annotations(verdicts: list[Verdict], root: Path) -> list[str]:
+def error_annotations(verdicts: list[Verdict], root: Path) -> list[str]:
     """``::error file=...,line=...,title=...::message`` for each regression, capped."""
     lines = []
     for verdict in verdicts:
@@ -32,12 +32,11 @@ def annotations(verdicts: list[Verdict], root: Path) -> list[str]:
             except ValueError:
                 file = finding.path
             title = f"{verdict.name}: {finding.metric} over budget"
-            lines.append(
-                f"::error file={escape_property(str(file))},line={finding.line},title={escape_property(title)}::{escape_data(finding.message())}"
-            )
+            where = f"file={escape_property(str(file))},line={finding.line},title={escape_property(title)}"
+            lines.append(f"::error {where}::{escape_data(finding.message())}")
     if len(lines) > MAX_ANNOTATIONS:
         left = len(lines) - MAX_ANNOTATIONS
-        lines = lines[:MAX_ANNOTATIONS] + [f"::warning::{left} more budget regressions; see the job summary"]
+        lines = [*lines[:MAX_ANNOTATIONS], f"::warning::{left} more budget regressions; see the job summary"]
     return lines
 
 

@@ -67,7 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
         budgets = load_budgets(directory, required=bool(configured))
     except BudgetError as error:
         raise pytest.UsageError(f"pytest-modelprof: {error}") from None
-    config.stash[STATE] = ModelprofSession(budgets, update=option(config, "update"), prune=option(config, "prune"), strict=option(config, "strict"))
+    config.stash[STATE] = ModelprofSession(
+        budgets, update=option(config, "update"), prune=option(config, "prune"), strict=option(config, "strict")
+    )
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(config), "modelprof-xdist")
 
@@ -203,7 +205,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for hint in _next_steps(statuses, state):
         write(hint)
     if ci.in_github_actions():
-        for line in ci.annotations(state.verdicts(), config.rootpath):
+        for line in ci.error_annotations(state.verdicts(), config.rootpath):
             write(line)
 
 

@@ -1,7 +1,6 @@
 """Bad budget files: a clear error naming the file, the line and what was expected."""
 
 import pytest
-
 from conftest import write_budget
 
 PROFILE = '[profiles."test_models.py::test_small"]\n'
@@ -12,17 +11,35 @@ PROFILE = '[profiles."test_models.py::test_small"]\n'
     [
         (PROFILE + "max_gflops = [1,\n", "*test_models.toml:2: not valid TOML*"),
         (PROFILE + "max_gflop = 1.0\n", "*test_models.toml:2: unknown key 'max_gflop' *; did you mean 'max_gflops'?*"),
-        (PROFILE + "tolerance = '2%'\n[profiles.\"test_models.py::test_small\".baseline]\nparms = 3\n", "*test_models.toml:4: unknown key 'parms'*did you mean 'params'?*"),
+        (
+            PROFILE + "tolerance = '2%'\n[profiles.\"test_models.py::test_small\".baseline]\nparms = 3\n",
+            "*test_models.toml:4: unknown key 'parms'*did you mean 'params'?*",
+        ),
         (PROFILE + "max_gflops = '4'\n", "*test_models.toml:2: max_gflops must be a finite, non-negative number, got '4'*"),
         (PROFILE + "max_gflops = -1.0\n", "*test_models.toml:2: max_gflops must be a finite, non-negative number, got -1.0*"),
         (PROFILE + "max_gflops = nan\n", "*test_models.toml:2: max_gflops must be a finite, non-negative number, got nan*"),
         (PROFILE + "max_params = inf\n", "*test_models.toml:2: max_params must be a finite, non-negative number, got inf*"),
         (PROFILE + "max_latency_ms = { gpu = 3.0 }\n", "*test_models.toml:2: unknown key 'gpu' in max_latency_ms; did you mean 'cpu'?*"),
-        (PROFILE + 'tolerance = "two percent"\n', "*test_models.toml:2: a tolerance for every metric must be a percentage such as \"2%\"*"),
-        (PROFILE + 'tolerance = { gflops = "5 MB" }\n', "*test_models.toml:2: tolerance for gflops: expected a percentage such as \"2%\" or an amount such as \"1.5 GFLOPs\", got '5 MB'*"),
+        (PROFILE + 'tolerance = "two percent"\n', '*test_models.toml:2: a tolerance for every metric must be a percentage such as "2%"*'),
+        (
+            PROFILE + 'tolerance = { gflops = "5 MB" }\n',
+            '*test_models.toml:2: tolerance for gflops: expected a percentage such as "2%" or an amount such as "1.5 GFLOPs", got \'5 MB\'*',
+        ),
         ('[profile."x"]\nmax_gflops = 1.0\n', "*test_models.toml:1: unknown key 'profile' at the top level; did you mean 'profiles'?*"),
     ],
-    ids=["malformed", "unknown-key", "unknown-baseline-key", "wrong-type", "negative", "nan", "infinite", "unknown-device", "tolerance-format", "tolerance-unit", "top-level"],
+    ids=[
+        "malformed",
+        "unknown-key",
+        "unknown-baseline-key",
+        "wrong-type",
+        "negative",
+        "nan",
+        "infinite",
+        "unknown-device",
+        "tolerance-format",
+        "tolerance-unit",
+        "top-level",
+    ],
 )
 def test_bad_budget_file(project, text, expected):
     path = write_budget(project, text)
@@ -51,4 +68,6 @@ def test_profile_defined_in_two_files(project):
     write_budget(project, "# second\n" + PROFILE + "max_params = 200\n", name="b.toml")
     result = project.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*b.toml:2: profile 'test_models.py::test_small' is also defined at *a.toml:1; each profile belongs in one file*"])
+    result.stderr.fnmatch_lines(
+        ["*b.toml:2: profile 'test_models.py::test_small' is also defined at *a.toml:1; each profile belongs in one file*"]
+    )

@@ -25,7 +25,9 @@ def test_worse_than_baseline_beyond_tolerance(project):
     )
     result = project.runpytest()
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*gflops: measured 1.08e-07 GFLOPs, allowed * (baseline * + 2%): +5.00% (+* GFLOPs) vs baseline [[]*test_models.toml:6[]]"])
+    result.stdout.fnmatch_lines(
+        ["*gflops: measured 1.08e-07 GFLOPs, allowed * (baseline * + 2%): +5.00% (+* GFLOPs) vs baseline [[]*test_models.toml:6[]]"]
+    )
     result.stdout.fnmatch_lines(["*pytest --modelprof-update*"])
 
 
@@ -58,7 +60,9 @@ def test_clearly_better_than_baseline_is_an_improvement(project):
     write_budget(project, f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS * 2!r}\nparams = 20\n')
     result = project.runpytest()
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*test_models.py::test_small * -50.00%  improved", "*to lock in the improvement: pytest --modelprof-update*"])
+    result.stdout.fnmatch_lines(
+        ["*test_models.py::test_small * -50.00%  improved", "*to lock in the improvement: pytest --modelprof-update*"]
+    )
 
 
 def test_profile_without_budget_is_new_and_strict_fails_it(project):

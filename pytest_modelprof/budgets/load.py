@@ -178,7 +178,9 @@ def _read_tolerances(path: Path, value: Any, budget: ProfileBudget, line: Any) -
                 _unknown(path, line("tolerance", key), key, sorted(METRICS), "in tolerance")
         entries = {key: (text, line("tolerance", key)) for key, text in value.items()}
     else:
-        raise BudgetError(path, line("tolerance"), f'tolerance must be a string such as "2%" or a table of metric = tolerance, got {_kind(value)}')
+        raise BudgetError(
+            path, line("tolerance"), f'tolerance must be a string such as "2%" or a table of metric = tolerance, got {_kind(value)}'
+        )
     for key, (text, at) in entries.items():
         if not isinstance(text, str):
             raise BudgetError(path, at, f'tolerance for {key} must be a string such as "2%", got {_kind(text)}')

@@ -13,7 +13,7 @@ import tomlkit
 from tomlkit.items import Table
 
 from ..engine.result import Profile
-from .load import Budgets, BudgetError
+from .load import BudgetError, Budgets
 from .metrics import METRICS
 
 
