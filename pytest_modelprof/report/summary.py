@@ -43,10 +43,17 @@ def _cells(row: SummaryRow) -> tuple[str, ...]:
     return (row.name, row.gflops, row.params, row.peak_mb, row.latency_ms, row.change, row.status)
 
 
+def _columns(rows: list[SummaryRow]) -> list[tuple[str, ...]]:
+    """Header and rows, without the figure columns no row has (memory, latency not measured)."""
+    table = [HEADERS, *(_cells(r) for r in rows)]
+    keep = [i for i in range(len(HEADERS)) if i in (0, len(HEADERS) - 1) or any(cells[i] for cells in table[1:])]
+    return [tuple(cells[i] for i in keep) for cells in table]
+
+
 def format_table(rows: list[SummaryRow]) -> list[str]:
     """Aligned text rows, numbers right-aligned."""
-    table = [HEADERS, *(_cells(r) for r in rows)]
-    widths = [max(len(cells[i]) for cells in table) for i in range(len(HEADERS))]
+    table = _columns(rows)
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]))]
     lines = []
     for cells in table:
         parts = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:-1], widths[1:-1])] + [cells[-1]]
@@ -58,6 +65,7 @@ def format_markdown(rows: list[SummaryRow]) -> str:
     def escape(text: str) -> str:
         return text.replace("|", "\\|")
 
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(HEADERS) - 2) + ["---"]) + "|"]
-    lines += ["| " + " | ".join(escape(c) or " " for c in _cells(r)) + " |" for r in rows]
+    header, *body = _columns(rows)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 2) + ["---"]) + "|"]
+    lines += ["| " + " | ".join(escape(c) or " " for c in cells) + " |" for cells in body]
     return "\n".join(lines) + "\n"

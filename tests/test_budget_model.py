@@ -1,0 +1,96 @@
+"""The budget model for memory and latency figures, held against hand-written budgets.
+
+These metrics are filled by the memory and latency meters; here profiles carry them
+directly, so the budget logic is checked on its own.
+"""
+
+import pytest
+
+from pytest_modelprof import Profile
+from pytest_modelprof.budgets import IMPROVED, NEW, OK, REGRESSED, check, load_budgets
+from pytest_modelprof.budgets.write import updated_text
+from pytest_modelprof.report.summary import format_markdown, format_table, summary_row
+
+BUDGET = """\
+[profiles."net"]
+max_peak_memory_mb = 500.0
+max_latency_ms = { cpu = 20.0, cuda = 2.0 }
+tolerance = { latency_ms = "1.5 ms", peak_activation_mb = "5%" }
+
+[profiles."net".baseline]
+peak_activation_mb = 100.0
+latency_ms = { "cpu: test machine" = 10.0 }
+"""
+
+
+def measured(device="cpu", peak=400e6, activations=100e6, latency=0.010, machine="cpu: test machine"):
+    return Profile(
+        model="Net",
+        train=False,
+        device=device,
+        analytic=False,
+        params=10,
+        peak_memory_bytes=int(peak),
+        peak_activation_bytes=int(activations),
+        latency_seconds=latency,
+        machine=machine,
+    )
+
+
+@pytest.fixture
+def budget(tmp_path):
+    (tmp_path / "b.toml").write_text(BUDGET)
+    return load_budgets(tmp_path).profiles["net"]
+
+
+def test_everything_within_budget(budget):
+    assert check(measured(), "net", budget).status == OK
+
+
+def test_megabytes_are_decimal(budget):
+    verdict = check(measured(peak=500_001_000), "net", budget)
+    assert verdict.status == REGRESSED
+    assert verdict.regressions[0].message().startswith("peak_memory_mb: measured 500.001 MB, allowed 500 MB (max_peak_memory_mb)")
+    assert check(measured(peak=500_000_000), "net", budget).status == OK
+
+
+def test_latency_ceiling_is_per_device(budget):
+    assert check(measured(latency=0.019, machine="cpu: laptop"), "net", budget).status == OK
+    assert check(measured(latency=0.021, machine="cpu: laptop"), "net", budget).status == REGRESSED
+    cuda = check(measured(device="cuda:0", latency=0.003, machine="cuda: H100"), "net", budget)
+    assert cuda.status == REGRESSED
+    assert cuda.regressions[0].limit == "max_latency_ms"
+    assert cuda.regressions[0].line == 3
+
+
+def test_latency_baseline_is_per_machine_with_absolute_tolerance(budget):
+    slower = check(measured(latency=0.0116), "net", budget)
+    assert slower.status == REGRESSED
+    assert "allowed 11.5 ms (baseline 10 ms + 1.5 ms): +16.00% (+1.6 ms) vs baseline" in slower.regressions[-1].message()
+    assert check(measured(latency=0.0114), "net", budget).status == OK
+    # another machine has no baseline: only the ceiling applies
+    assert check(measured(latency=0.019, machine="cpu: laptop"), "net", budget).status == OK
+
+
+def test_clear_improvement(budget):
+    assert check(measured(activations=90e6), "net", budget).status == IMPROVED
+
+
+def test_no_budget_is_new():
+    assert check(measured(), "net", None).status == NEW
+
+
+def test_update_writes_memory_and_per_machine_latency():
+    text = updated_text(BUDGET, {"net": {"peak_activation_mb": 99.5, "latency_ms": {"cpu: laptop": 12.5}}})
+    expected = BUDGET.replace("peak_activation_mb = 100.0", "peak_activation_mb = 99.5").replace(
+        '{ "cpu: test machine" = 10.0 }', '{ "cpu: test machine" = 10.0, "cpu: laptop" = 12.5}'
+    )
+    assert text == expected  # the other machine's baseline and every hand-written line kept
+
+
+def test_summary_shows_memory_and_latency_when_measured(budget):
+    row = summary_row(check(measured(), "net", budget), measured(), None)
+    header, line = format_table([row])
+    assert header.split() == ["profile", "GFLOPs", "params", "peak", "MB", "latency", "ms", "status"]
+    assert line.split() == ["net", "0", "10", "400.0", "10", "ok"]
+    assert "| net | 0 | 10 | 400.0 | 10 | ok |" in format_markdown([row])
