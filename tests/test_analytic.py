@@ -18,6 +18,8 @@ def figures(result):
     data = result.to_dict()
     del data["device"], data["analytic"]
     data["ops"] = [op for op in data["ops"] if op["flops"]]
+    for module in data["modules"]:
+        module["ops"] = [op for op in module["ops"] if op["flops"]]
     return data
 
 

@@ -13,6 +13,8 @@ def flop_figures(result):
     data = result.to_dict()
     del data["device"], data["analytic"]
     data["ops"] = [op for op in data["ops"] if op["flops"]]
+    for module in data["modules"]:
+        module["ops"] = [op for op in module["ops"] if op["flops"]]
     return data
 
 

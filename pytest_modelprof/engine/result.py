@@ -14,6 +14,17 @@ PHASES = ("forward", "loss", "backward", "recompute")
 
 
 @dataclass
+class ModuleOp:
+    """An operator that ran directly in a module (not in its children), in one phase."""
+
+    op: str
+    phase: str
+    calls: int = 0
+    flops: int = 0
+    macs: int = 0
+
+
+@dataclass
 class ModuleStats:
     """One module of the profiled model, at one dotted path.
 
@@ -35,6 +46,7 @@ class ModuleStats:
     self_forward_flops: int = 0
     self_backward_flops: int = 0
     share: float = 0.0
+    ops: list[ModuleOp] = field(default_factory=list)
 
     @property
     def flops(self) -> int:
@@ -142,6 +154,6 @@ class Profile:
     def from_dict(cls, data: dict[str, Any]) -> Profile:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
-        values["modules"] = [ModuleStats(**m) for m in data.get("modules", [])]
+        values["modules"] = [ModuleStats(**{**m, "ops": [ModuleOp(**o) for o in m.get("ops", [])]}) for m in data.get("modules", [])]
         values["ops"] = [OpStats(**o) for o in data.get("ops", [])]
         return cls(**values)

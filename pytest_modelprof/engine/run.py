@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .errors import FormulaError, ProfileError
 from .flops import FlopMeter
 from .modules import ModuleTracker, StackKey
-from .result import ModuleStats, OpStats, Profile
+from .result import ModuleOp, ModuleStats, OpStats, Profile
 
 
 def profile(
@@ -273,9 +273,13 @@ def _build_profile(
         row.macs += macs
         if key:
             row.modules.append(key[-1])
+            if phase != "loss":
+                modules[key[-1]].ops.append(ModuleOp(name, phase, calls, flops, macs))
         _attribute(modules, key, phase, flops, macs)
     for row in ops.values():
         row.modules = sorted(set(row.modules))
+    for stats in modules.values():
+        stats.ops.sort(key=lambda o: (-o.flops, o.op, o.phase))
     result.ops = sorted(ops.values(), key=lambda r: (-r.flops, r.op, r.phase))
     total = result.flops
     for stats in modules.values():
