@@ -1,5 +1,18 @@
 """Reports: where raw numbers from the engine get units and layout."""
 
-from .text import format_count, format_profile
+from .export import write_modules_csv, write_ops_csv
+from .tables import format_model_graph, format_op_table, format_profile, format_top, format_tree_table, top_module_types
+from .text import format_count, format_header
 
-__all__ = ["format_count", "format_profile"]
+__all__ = [
+    "format_count",
+    "format_header",
+    "format_model_graph",
+    "format_op_table",
+    "format_profile",
+    "format_top",
+    "format_tree_table",
+    "top_module_types",
+    "write_modules_csv",
+    "write_ops_csv",
+]

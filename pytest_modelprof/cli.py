@@ -1,0 +1,317 @@
+"""The ``modelprof`` command: profile a model from the shell, print its reports, write
+JSON, CSV and plots, and hold it against a budget file."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import importlib
+import importlib.util
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from .budgets import REGRESSED, BudgetError, check, load_budgets
+from .engine import ProfileError, profile
+from .report.export import write_modules_csv, write_ops_csv
+from .report.tables import format_op_table, format_top, format_tree_table
+from .report.text import format_header
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+}
+
+EPILOG = """\
+examples:
+  modelprof torchvision.models:resnet50 --input 1x3x224x224
+  modelprof torchvision.models:vit_h_14 --input 1x3x518x518 --device meta --train
+  modelprof my_models.py:build --input 8x128 --dtype int64 --kw vocab=32000 --depth 3 --ops
+  modelprof torchvision.models:resnet18 --input 1x3x224x224 --budgets budgets --name resnet18
+
+MODEL is package.module:callable, or path/to/file.py:callable (file.py alone calls its
+`model` function); the callable returns an nn.Module. Integer inputs (--dtype int64)
+are zeros, valid indices for any embedding. Analytic runs (--device meta) build the
+model on the meta device when it can be built there: nothing is allocated.
+"""
+
+
+class CliError(Exception):
+    """A one-line reason to stop."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="modelprof",
+        description="Profile a PyTorch model: FLOPs and MACs per module and per operator, parameters, size.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", help="package.module:callable or path/to/file.py[:callable]")
+    parser.add_argument(
+        "--input",
+        "-i",
+        required=True,
+        metavar="SHAPE[,SHAPE...]",
+        help="input shapes, dimensions joined by x (1x3x224x224); inputs separated by commas",
+    )
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of the inputs (default: float32)")
+    parser.add_argument(
+        "--kw",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for the model's callable (a Python literal), repeatable",
+    )
+    parser.add_argument("--train", action="store_true", help="profile a training step: forward, sum loss, backward")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda (cuda:N) or meta for analytic mode (default: cpu)")
+    parser.add_argument("--depth", type=int, default=2, metavar="N", help="depth of the module tree (default: 2)")
+    parser.add_argument("--top", type=int, default=10, metavar="K", help="rows of the operator table, module types per depth (default: 10)")
+    parser.add_argument("--ops", action="store_true", help="show each module's operators in the module tree")
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="TYPE|PATH",
+        help="leave a module type or path (and what it contains) out of the tree, repeatable",
+    )
+    parser.add_argument("--raw", action="store_true", help="raw numbers instead of k/M/G/T prefixes")
+    parser.add_argument("--json", metavar="FILE", help="write the profile as JSON")
+    parser.add_argument("--csv", metavar="FILE", help="write the module tree as CSV to FILE, the operator table to FILE's stem + .ops.csv")
+    parser.add_argument("--plot", metavar="FILE", help="draw FLOPs per top-level module into a PNG (needs matplotlib)")
+    parser.add_argument("--budgets", metavar="DIR", help="hold the profile against the budget files in DIR (needs --name)")
+    parser.add_argument("--name", help="the profile's name in the budget files")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """The ``modelprof`` command; returns its exit status."""
+    out = out or sys.stdout
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    try:
+        return run(options, out)
+    except CliError as error:
+        print(f"modelprof: error: {error}", file=sys.stderr)
+        return 2
+
+
+def run(options: argparse.Namespace, out: TextIO) -> int:
+    if options.budgets and not options.name:
+        raise CliError("--budgets needs --name: the profile's name in the budget files")
+    shapes = parse_shapes(options.input)
+    device = _check_device(options.device)
+    factory = load_factory(options.model)
+    kwargs = parse_keywords(options.kw)
+    budgets = _load_budgets(options.budgets) if options.budgets else None
+    with progress("building the model"):
+        model = build_model(factory, kwargs, analytic=device == "meta")
+    dtype = DTYPES[options.dtype]
+    if dtype.is_floating_point:
+        inputs = tuple(torch.randn(shape, dtype=dtype, device="meta" if model_on_meta(model) else "cpu") for shape in shapes)
+    else:
+        inputs = tuple(torch.zeros(shape, dtype=dtype, device="meta" if model_on_meta(model) else "cpu") for shape in shapes)
+    if dtype.is_floating_point and dtype != torch.float32:
+        model = model.to(dtype)
+    with progress("profiling"):
+        try:
+            result = profile(model, inputs, train=options.train, device=device)
+        except ProfileError as error:
+            raise CliError(str(error)) from None
+    result.name = options.name or options.model
+    _print_reports(result, options, out)
+    _write_outputs(result, options, out)
+    if budgets is not None:
+        return _check_budget(result, options.name, budgets, out)
+    return 0
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    shapes = []
+    for part in text.split(","):
+        dims = part.strip().lower().split("x")
+        if not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise CliError(f"bad shape {part.strip()!r}: expected positive integers joined by x, e.g. 1x3x224x224")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes
+
+
+def parse_keywords(items: list[str]) -> dict[str, Any]:
+    kwargs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise CliError(f"bad --kw {item!r}: expected KEY=VALUE, e.g. num_classes=10")
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return kwargs
+
+
+def _check_device(device: str) -> str:
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise CliError(f"unknown device {device!r}: expected cpu, cuda, cuda:N or meta") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise CliError(f"device {device!r} is not available on this machine (no CUDA GPU)")
+    if kind not in ("cpu", "cuda", "meta"):
+        raise CliError(f"unsupported device {device!r}: expected cpu, cuda, cuda:N or meta")
+    return device
+
+
+def load_factory(spec: str) -> Any:
+    """The callable that ``spec`` names: ``package.module:callable`` or ``file.py[:callable]``."""
+    target, _, attribute = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    if target.endswith(".py") or spec.endswith(".py"):
+        path = Path(target if target.endswith(".py") else spec)
+        if not path.is_file():
+            raise CliError(f"unknown model {spec!r}: no file {path}")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if module_spec is None or module_spec.loader is None:
+            raise CliError(f"unknown model {spec!r}: cannot import {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.path.insert(0, str(path.resolve().parent))
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as error:
+            raise CliError(f"importing {path} raised {type(error).__name__}: {error}") from None
+        finally:
+            sys.path.pop(0)
+        attribute = attribute if target.endswith(".py") else "model"
+    else:
+        if not attribute:
+            raise CliError(f"unknown model {spec!r}: expected package.module:callable, e.g. torchvision.models:resnet50")
+        try:
+            module = importlib.import_module(target)
+        except ImportError as error:
+            raise CliError(f"unknown model {spec!r}: {error}") from None
+    factory = getattr(module, attribute, None)
+    if factory is None:
+        names = [n for n in dir(module) if not n.startswith("_")]
+        close = difflib.get_close_matches(attribute, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise CliError(f"unknown model {spec!r}: {module.__name__} has no {attribute!r}{hint}")
+    if not callable(factory):
+        raise CliError(f"unknown model {spec!r}: {attribute!r} is not callable")
+    return factory
+
+
+def build_model(factory: Any, kwargs: dict[str, Any], analytic: bool) -> nn.Module:
+    try:
+        if analytic:
+            try:
+                with torch.device("meta"):
+                    model = factory(**kwargs)
+            except NotImplementedError:  # needs real values while it builds (e.g. torchvision's RegNet)
+                model = factory(**kwargs)
+        else:
+            model = factory(**kwargs)
+    except TypeError as error:
+        raise CliError(f"calling the model's callable raised TypeError: {error}") from None
+    if not isinstance(model, nn.Module):
+        raise CliError(f"the model's callable returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def model_on_meta(model: nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+
+
+def _load_budgets(directory: str) -> Any:
+    try:
+        return load_budgets(Path(directory), required=True)
+    except BudgetError as error:
+        raise CliError(str(error)) from None
+
+
+def _print_reports(result: Any, options: argparse.Namespace, out: TextIO) -> None:
+    human = not options.raw
+    print(format_header(result), file=out)
+    print(file=out)
+    print(format_tree_table(result, depth=options.depth, ignore=options.ignore, human=human, ops=options.ops), file=out)
+    print(file=out)
+    print(format_top(result, k=min(options.top, 5), depths=range(1, options.depth + 1)), file=out)
+    print(file=out)
+    print(format_op_table(result, top=options.top, human=human), file=out)
+
+
+def _write_outputs(result: Any, options: argparse.Namespace, out: TextIO) -> None:
+    if options.json:
+        Path(options.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {options.json}", file=out)
+    if options.csv:
+        modules = Path(options.csv)
+        ops = modules.with_name(modules.stem + ".ops.csv")
+        with modules.open("w", encoding="utf-8", newline="") as handle:
+            write_modules_csv(result, handle)
+        with ops.open("w", encoding="utf-8", newline="") as handle:
+            write_ops_csv(result, handle)
+        print(f"wrote {modules} and {ops}", file=out)
+    if options.plot:
+        from .report.plots import plot_module_flops
+
+        try:
+            plot_module_flops(result, options.plot, depth=1)
+        except ImportError as error:
+            raise CliError(str(error)) from None
+        print(f"wrote {options.plot}", file=out)
+
+
+def _check_budget(result: Any, name: str, budgets: Any, out: TextIO) -> int:
+    budget = budgets.profiles.get(name)
+    if budget is None:
+        print(f"\nno budget for {name!r} in {budgets.directory}", file=out)
+        return 0
+    verdict = check(result, name, budget)
+    print(f"\nbudget of {name!r} ({budget.path}:{budget.line}): {verdict.status}", file=out)
+    for finding in verdict.findings:
+        print(f"  {finding.status:9} {finding.message()}", file=out)
+    return 1 if verdict.status == REGRESSED else 0
+
+
+@contextmanager
+def progress(stage: str, after: float = 1.5, stream: TextIO | None = None) -> Iterator[None]:
+    """Say on stderr what is going on, once the work has taken longer than ``after`` seconds."""
+    stream = stream or sys.stderr
+    done = threading.Event()
+    start = time.perf_counter()
+    interactive = stream.isatty()
+
+    def report() -> None:
+        if done.wait(after):
+            return
+        while True:
+            elapsed = time.perf_counter() - start
+            if interactive:
+                stream.write(f"\rmodelprof: {stage}... {elapsed:.0f} s")
+            else:
+                stream.write(f"modelprof: {stage}...\n")
+            stream.flush()
+            if not interactive or done.wait(0.5):
+                return
+
+    thread = threading.Thread(target=report, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        if interactive and time.perf_counter() - start > after:
+            stream.write("\r\033[K")
+            stream.flush()

@@ -1,0 +1,41 @@
+"""CSV exports of the module tree and the operator table (raw numbers, one header row)."""
+
+from __future__ import annotations
+
+import csv
+from typing import TextIO
+
+from ..engine.result import Profile
+
+MODULE_FIELDS = (
+    "path",
+    "type",
+    "depth",
+    "calls",
+    "params",
+    "forward_flops",
+    "backward_flops",
+    "recompute_flops",
+    "forward_macs",
+    "backward_macs",
+    "self_forward_flops",
+    "self_backward_flops",
+    "share",
+)
+OP_FIELDS = ("op", "phase", "calls", "flops", "macs", "modules")
+
+
+def write_modules_csv(profile: Profile, out: TextIO) -> None:
+    """One row per module path, in tree order."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(MODULE_FIELDS)
+    for module in profile.modules:
+        writer.writerow([getattr(module, name) for name in MODULE_FIELDS])
+
+
+def write_ops_csv(profile: Profile, out: TextIO) -> None:
+    """One row per operator and phase; ``modules`` lists the module paths, ``;``-separated."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(OP_FIELDS)
+    for op in profile.ops:
+        writer.writerow([op.op, op.phase, op.calls, op.flops, op.macs, ";".join(op.modules)])

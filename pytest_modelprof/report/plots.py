@@ -1,0 +1,47 @@
+"""Plots (matplotlib, the ``plot`` extra): FLOPs per module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..engine.result import Profile
+from .tables import visible_modules
+from .text import format_count
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plots need matplotlib: pip install 'pytest-modelprof[plot]'") from None
+    return plt
+
+
+def plot_module_flops(profile: Profile, path: str | Path, depth: int = 1, top: int = 20) -> None:
+    """A horizontal bar chart of the modules at ``depth``: forward, backward and recomputed FLOPs, stacked."""
+    plt = _pyplot()
+    modules = [m for m in visible_modules(profile, depth) if m.depth == depth]
+    modules = sorted(modules, key=lambda m: m.flops, reverse=True)[:top][::-1]
+    if not modules:
+        raise ValueError(f"the profile has no module at depth {depth}")
+    labels = [f"{m.path} ({m.type})" for m in modules]
+    height = max(2.5, 0.35 * len(modules) + 1.2)
+    figure, axes = plt.subplots(figsize=(9, height), layout="constrained")
+    left = [0.0] * len(modules)
+    for phase, color in (("forward", "#4C72B0"), ("backward", "#DD8452"), ("recompute", "#55A868")):
+        values = [getattr(m, f"{phase}_flops") for m in modules]
+        if any(values):
+            axes.barh(labels, values, left=left, color=color, label=phase)
+            left = [a + b for a, b in zip(left, values)]
+    axes.set_xlabel("FLOPs")
+    axes.xaxis.set_major_formatter(lambda value, _: format_count(value))
+    mode = "training step" if profile.train else "inference"
+    total = format_count(profile.flops, "FLOPs")
+    axes.set_title(f"{profile.name or profile.model}: FLOPs per module at depth {depth} ({mode}, {total} in all)")
+    axes.legend(loc="lower right")
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

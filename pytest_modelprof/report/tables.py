@@ -1,0 +1,249 @@
+"""Text reports of a :class:`~pytest_modelprof.Profile`: the annotated module graph, the
+module tree table, top-k module types and the operator table.
+
+Every report reads the profile only (no second measurement). Figures are shown with
+decimal prefixes (``human=True``) or as raw integers; columns whose figures no module
+has (memory, time: measured by other meters) are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..engine.result import ModuleStats, Profile
+from .text import format_count, format_header
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    value: Callable[[ModuleStats], float | None]
+    share_of: Callable[[Profile], float] | None = None  # show "(x%)" of this total
+
+
+def module_columns(profile: Profile) -> list[Column]:
+    """The figure columns this profile has figures for."""
+    columns = [
+        Column("params", lambda m: m.params, lambda p: p.params),
+        Column("MACs", lambda m: m.macs, lambda p: p.macs),
+        Column("fwd FLOPs", lambda m: m.forward_flops),
+    ]
+    if profile.train:
+        columns.append(Column("bwd FLOPs", lambda m: m.backward_flops))
+    if profile.recompute_flops:
+        columns.append(Column("recomputed", lambda m: m.recompute_flops))
+    columns.append(Column("share", lambda m: m.share))
+    return columns
+
+
+def _number(value: float | None, human: bool) -> str:
+    if value is None:
+        return ""
+    if human:
+        return format_count(value)
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.6g}"
+
+
+def _cell(column: Column, module: ModuleStats, profile: Profile, human: bool) -> str:
+    value = column.value(module)
+    if column.header == "share":
+        return f"{value:.1%}" if value is not None else ""
+    text = _number(value, human)
+    if column.share_of is not None and value is not None:
+        total = column.share_of(profile)
+        text += f" ({value / total:.1%})" if total else ""
+    return text
+
+
+def visible_modules(profile: Profile, depth: int | None = None, ignore: Iterable[str] = ()) -> list[ModuleStats]:
+    """Modules in tree order down to ``depth``, without those whose type or path is in
+    ``ignore`` (and without their descendants)."""
+    ignored = set(ignore)
+    hidden: list[str] = []
+    shown = []
+    for module in profile.modules:
+        if any(module.path == h or module.path.startswith(h + ".") for h in hidden):
+            continue
+        if module.path and (module.type in ignored or module.path in ignored):
+            hidden.append(module.path)
+            continue
+        if depth is None or module.depth <= depth:
+            shown.append(module)
+    return shown
+
+
+def _children(modules: list[ModuleStats]) -> dict[str, list[ModuleStats]]:
+    """Each shown module's shown children, in tree order (the nearest shown ancestor is the parent)."""
+    present = {m.path for m in modules}
+    children: dict[str, list[ModuleStats]] = {}
+    for module in modules[1:]:
+        parent = module.path
+        while parent:
+            parent = parent.rpartition(".")[0]
+            if parent in present:
+                break
+        children.setdefault(parent, []).append(module)
+    return children
+
+
+def format_model_graph(profile: Profile, depth: int | None = None, ignore: Iterable[str] = (), human: bool = True) -> str:
+    """The model printed as ``nn.Module`` prints itself, each module annotated with its figures."""
+    modules = visible_modules(profile, depth, ignore)
+    children = _children(modules)
+    columns = [c for c in module_columns(profile) if c.header != "share"]
+
+    def render(module: ModuleStats, indent: str) -> list[str]:
+        label = f"({module.name}): {module.type}" if module.path else module.type
+        figures = ", ".join(f"{_cell(c, module, profile, human)} {c.header}" for c in columns)
+        figures += f", {module.share:.1%} of FLOPs"
+        below = children.get(module.path, [])
+        if not below:
+            return [f"{indent}{label}({figures})"]
+        lines = [f"{indent}{label}(", f"{indent}  {figures}"]
+        for child in below:
+            lines += render(child, indent + "  ")
+        return [*lines, f"{indent})"]
+
+    return "\n".join(render(modules[0], ""))
+
+
+def format_tree_table(
+    profile: Profile,
+    depth: int | None = None,
+    ignore: Iterable[str] = (),
+    human: bool = True,
+    ops: bool = False,
+    name_width: int = 60,
+) -> str:
+    """One aligned row per module under box-drawing guides; with ``ops``, each module's own
+    operators as rows beneath it."""
+    modules = visible_modules(profile, depth, ignore)
+    columns = module_columns(profile)
+    rows: list[tuple[str, str, list[str]]] = []
+    for module, guide in zip(modules, _guides(modules)):
+        name = module.name if module.path else profile.model
+        rows.append((_fit_tree(guide, name, name_width), module.type, [_cell(c, module, profile, human) for c in columns]))
+        if ops:
+            below = _continuation(guide)
+            for op in module.ops:
+                if not op.flops:
+                    continue
+                cells = ["", _number(op.macs, human)]
+                cells += [_number(op.flops, human) if op.phase == "forward" else ""]
+                if profile.train:
+                    cells += [_number(op.flops, human) if op.phase == "backward" else ""]
+                if profile.recompute_flops:
+                    cells += [_number(op.flops, human) if op.phase == "recompute" else ""]
+                cells += [f"{op.flops / profile.flops:.1%}" if profile.flops else ""]
+                rows.append((_fit_tree(below, f"· {op.op} x{op.calls}", name_width), op.phase, cells))
+    headers = ["module", "type", *(c.header for c in columns)]
+    table = [(headers[0], headers[1], headers[2:]), *rows]
+    name_col = min(name_width, max(len(r[0]) for r in table))
+    type_col = min(24, max(len(r[1]) for r in table))
+    widths = [max(len(r[2][i]) for r in table) for i in range(len(columns))]
+    lines = []
+    for name, kind, cells in table:
+        figures = "  ".join(cell.rjust(width) for cell, width in zip(cells, widths))
+        lines.append(f"{_fit(name, name_col)}  {_fit(kind, type_col)}  {figures}".rstrip())
+    return "\n".join(lines)
+
+
+def _guides(modules: list[ModuleStats]) -> list[str]:
+    """The box-drawing prefix of each module's name, in the order of ``modules``."""
+    children = _children(modules)
+    prefix: dict[str, str] = {"": ""}
+
+    def visit(path: str, above: str) -> None:
+        below = children.get(path, [])
+        for index, child in enumerate(below):
+            last = index == len(below) - 1
+            prefix[child.path] = above + ("└── " if last else "├── ")
+            visit(child.path, above + ("    " if last else "│   "))
+
+    visit("", "")
+    return [prefix[m.path] for m in modules]
+
+
+def _continuation(guide: str) -> str:
+    """The prefix for rows under a module: its guide with the branch turned into a line."""
+    if not guide:
+        return ""
+    return guide[:-4] + ("    " if guide.endswith("└── ") else "│   ")
+
+
+def _fit_tree(guide: str, name: str, width: int) -> str:
+    """``guide + name`` in ``width`` characters; in deep trees the outer guides give way
+    (to a leading "…") before the name does."""
+    room = max(width // 2, width - len(name))
+    if len(guide) > room:
+        guide = "…" + guide[len(guide) - room + 1 :]
+    return guide + name
+
+
+def _fit(text: str, width: int) -> str:
+    return text.ljust(width) if len(text) <= width else text[: width - 1] + "…"
+
+
+TOP_METRICS: dict[str, Callable[[ModuleStats], float]] = {
+    "params": lambda m: m.params,
+    "macs": lambda m: m.macs,
+    "flops": lambda m: m.flops,
+    "forward_flops": lambda m: m.forward_flops,
+}
+
+
+def top_module_types(profile: Profile, metric: str = "flops", depth: int = 1, k: int = 3) -> list[tuple[str, float, int]]:
+    """The ``k`` module types that weigh most at ``depth``: ``(type, total, modules)``."""
+    if metric not in TOP_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(TOP_METRICS)}")
+    totals: dict[str, list[float]] = {}
+    for module in profile.modules:
+        if module.depth == depth:
+            entry = totals.setdefault(module.type, [0.0, 0])
+            entry[0] += TOP_METRICS[metric](module)
+            entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: (-item[1][0], item[0]))[:k]
+    return [(kind, value, int(count)) for kind, (value, count) in ranked]
+
+
+def format_top(
+    profile: Profile, k: int = 3, depths: Iterable[int] | None = None, metrics: Iterable[str] = ("params", "macs", "flops")
+) -> str:
+    """Top-k module types by each metric at each depth, as DeepSpeed's profiler lists them."""
+    deepest = max((m.depth for m in profile.modules), default=0)
+    lines = []
+    for depth in depths if depths is not None else range(1, deepest + 1):
+        lines.append(f"depth {depth}:")
+        for metric in metrics:
+            total = TOP_METRICS[metric](profile.modules[0]) if profile.modules else 0
+            entries = ", ".join(
+                f"{kind} {format_count(value)} ({value / total:.1%}{f', {count} modules' if count > 1 else ''})" if total else kind
+                for kind, value, count in top_module_types(profile, metric, depth, k)
+            )
+            lines.append(f"  top {k} by {metric}: {entries}")
+    return "\n".join(lines)
+
+
+def format_op_table(profile: Profile, top: int | None = None, human: bool = True, module_width: int = 60) -> str:
+    """One row per operator and phase: calls, FLOPs, MACs, share, the modules it ran in."""
+    rows = [("operator", "phase", "calls", "FLOPs", "MACs", "share", "modules")]
+    for op in profile.ops[:top] if top else profile.ops:
+        share = f"{op.flops / profile.flops:.1%}" if profile.flops else ""
+        modules = ", ".join(m or "(model)" for m in op.modules) or "(outside the model)"
+        rows.append((op.op, op.phase, str(op.calls), _number(op.flops, human), _number(op.macs, human), share, _fit(modules, module_width)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        left = f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}"
+        numbers = "  ".join(cell.rjust(width) for cell, width in zip(row[2:6], widths[2:6]))
+        lines.append(f"{left}  {numbers}  {row[6]}".rstrip())
+    return "\n".join(lines)
+
+
+def format_profile(profile: Profile, depth: int = 2, top_ops: int = 8, human: bool = True) -> str:
+    """The header, the module tree down to ``depth`` and the ``top_ops`` costliest operators."""
+    parts = [format_header(profile), format_tree_table(profile, depth=depth, human=human)]
+    if top_ops:
+        parts.append(format_op_table(profile, top=top_ops, human=human))
+    return "\n\n".join(parts)

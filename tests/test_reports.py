@@ -1,0 +1,139 @@
+"""Reports: each row holds its module's true figures; alignment holds for long names and deep trees."""
+
+import csv
+import io
+
+import torch
+from torch import nn
+
+from pytest_modelprof import profile
+from pytest_modelprof.report import (
+    format_model_graph,
+    format_op_table,
+    format_top,
+    format_tree_table,
+    top_module_types,
+    write_modules_csv,
+    write_ops_csv,
+)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(8, 16, bias=False), nn.ReLU(), nn.Linear(16, 16, bias=False))
+        self.head = nn.Linear(16, 4, bias=False)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+X = torch.randn(2, 8)
+# by hand, batch 2: 2*8*16 + 2*16*16 + 2*16*4 MACs; the ReLU adds 2*16 FLOPs
+MACS = {"encoder.0": 256, "encoder.2": 512, "head": 128}
+
+
+def names(table):
+    """The module column: everything before the type column."""
+    lines = table.splitlines()
+    width = lines[0].index("type")
+    return [line[:width].rstrip() for line in lines[1:]]
+
+
+def test_tree_rows_hold_each_modules_figures():
+    result = profile(Net(), X)
+    table = format_tree_table(result, human=False)
+    lines = table.splitlines()
+    assert lines[0].split() == ["module", "type", "params", "MACs", "fwd", "FLOPs", "share"]
+    head = next(line for line in lines if line.startswith("└── head"))
+    # 64 of 448 parameters, 128 of 896 MACs, 256 of 1824 FLOPs
+    assert head.split()[2:9] == ["Linear", "64", "(14.3%)", "128", "(14.3%)", "256", "14.0%"]
+    encoder = next(line for line in lines if line.startswith("├── encoder"))
+    assert encoder.split()[5] == str(MACS["encoder.0"] + MACS["encoder.2"])
+    assert encoder.split()[7] == str(2 * (256 + 512) + 32)
+
+
+def test_tree_guides_and_alignment():
+    table = format_tree_table(profile(Net(), X))
+    assert names(table) == ["Net", "├── encoder", "│   ├── 0", "│   ├── 1", "│   └── 2", "└── head"]
+    # numbers are right-aligned: every row ends its figure columns at the same place
+    assert len({len(line) for line in table.splitlines()}) == 1
+
+
+def test_operator_rows_under_their_module():
+    result = profile(Net(), X, train=True)
+    lines = format_tree_table(result, ops=True, human=False).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("└── head"))
+    below = lines[at + 1 : at + 3]
+    assert any("· aten.mm x1" in line and "forward" in line and str(2 * 128) in line for line in below)
+    assert any("· aten.mm x2" in line and "backward" in line and str(2 * 2 * 128) in line for line in below)
+
+
+def test_long_names_and_deep_trees_do_not_overflow():
+    class Deep(nn.Module):
+        def __init__(self, depth):
+            super().__init__()
+            self.a_rather_long_module_name_that_keeps_going_and_going = nn.Linear(4, 4) if depth == 0 else Deep(depth - 1)
+
+        def forward(self, x):
+            return self.a_rather_long_module_name_that_keeps_going_and_going(x)
+
+    table = format_tree_table(profile(Deep(12), torch.randn(1, 4)), name_width=40)
+    lines = table.splitlines()
+    assert len(lines) == 1 + 14
+    assert len({len(line) for line in lines}) == 1
+    shown = names(table)
+    assert all(len(name) <= 40 for name in shown)
+    # thirteen levels of guides do not fit: they give way, the name keeps half the column
+    assert shown[-1] == "…" + " " * 15 + "└── a_rather_long_modul…"
+    assert lines[-1].split()[-7:-3] == ["Linear", "20", "(100.0%)", "16"]
+
+
+def test_depth_limit_and_ignore():
+    result = profile(Net(), X)
+    assert names(format_tree_table(result, depth=1)) == ["Net", "├── encoder", "└── head"]
+    assert "encoder" not in format_tree_table(result, ignore=["Sequential"])
+    assert "head" not in format_model_graph(result, ignore=["head"])
+
+
+def test_model_graph_is_nested_like_the_module():
+    graph = format_model_graph(profile(Net(), X), human=False)
+    assert graph.count("(") - graph.count(")") == 0
+    assert "  (head): Linear(64 (14.3%) params, 128 (14.3%) MACs, 256 fwd FLOPs, 14.0% of FLOPs)" in graph
+    assert graph.splitlines()[2] == "  (encoder): Sequential("
+
+
+def test_top_module_types_by_depth():
+    result = profile(Net(), X)
+    assert top_module_types(result, "macs", depth=2, k=3) == [("Linear", 768, 2), ("ReLU", 0, 1)]
+    assert top_module_types(result, "params", depth=1, k=1) == [("Sequential", 8 * 16 + 16 * 16, 1)]
+    assert "top 3 by macs: Linear 768 (85.7%, 2 modules)" in format_top(result, depths=[2])
+
+
+def test_operator_table():
+    result = profile(Net(), X)
+    lines = format_op_table(result, human=False).splitlines()
+    mm = next(line for line in lines if line.startswith("aten.mm"))
+    assert mm.split()[:5] == ["aten.mm", "forward", "3", str(2 * 896), "896"]
+    assert mm.endswith("encoder.0, encoder.2, head")
+
+
+def test_csv_exports_hold_the_raw_figures():
+    result = profile(Net(), X, train=True)
+    modules, ops = io.StringIO(), io.StringIO()
+    write_modules_csv(result, modules)
+    write_ops_csv(result, ops)
+    rows = {row["path"]: row for row in csv.DictReader(io.StringIO(modules.getvalue()))}
+    assert int(rows["head"]["forward_macs"]) == MACS["head"]
+    assert int(rows[""]["forward_flops"]) == result.forward_flops
+    op_rows = list(csv.DictReader(io.StringIO(ops.getvalue())))
+    assert sum(int(r["flops"]) for r in op_rows) == result.flops
+    assert {r["phase"] for r in op_rows} >= {"forward", "backward", "loss"}
+
+
+def test_flops_plot(tmp_path):
+    from pytest_modelprof.report.plots import plot_module_flops
+
+    path = tmp_path / "flops.png"
+    plot_module_flops(profile(Net(), X, train=True), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
