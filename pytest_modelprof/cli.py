@@ -176,23 +176,12 @@ def _check_device(device: str) -> str:
 
 def load_factory(spec: str) -> Any:
     """The callable that ``spec`` names: ``package.module:callable`` or ``file.py[:callable]``."""
-    target, _, attribute = spec.rpartition(":") if ":" in spec else (spec, "", "")
-    if target.endswith(".py") or spec.endswith(".py"):
-        path = Path(target if target.endswith(".py") else spec)
-        if not path.is_file():
-            raise CliError(f"unknown model {spec!r}: no file {path}")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        if module_spec is None or module_spec.loader is None:
-            raise CliError(f"unknown model {spec!r}: cannot import {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.path.insert(0, str(path.resolve().parent))
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as error:
-            raise CliError(f"importing {path} raised {type(error).__name__}: {error}") from None
-        finally:
-            sys.path.pop(0)
-        attribute = attribute if target.endswith(".py") else "model"
+    target, separator, attribute = spec.rpartition(":")
+    if not separator or spec.endswith(".py"):
+        target, attribute = spec, ""
+    if target.endswith(".py"):
+        module = _import_file(spec, Path(target))
+        attribute = attribute or "model"
     else:
         if not attribute:
             raise CliError(f"unknown model {spec!r}: expected package.module:callable, e.g. torchvision.models:resnet50")
@@ -209,6 +198,23 @@ def load_factory(spec: str) -> Any:
     if not callable(factory):
         raise CliError(f"unknown model {spec!r}: {attribute!r} is not callable")
     return factory
+
+
+def _import_file(spec: str, path: Path) -> Any:
+    if not path.is_file():
+        raise CliError(f"unknown model {spec!r}: no file {path}")
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    if module_spec is None or module_spec.loader is None:
+        raise CliError(f"unknown model {spec!r}: cannot import {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:
+        raise CliError(f"importing {path} raised {type(error).__name__}: {error}") from None
+    finally:
+        sys.path.pop(0)
+    return module
 
 
 def build_model(factory: Any, kwargs: dict[str, Any], analytic: bool) -> nn.Module:
@@ -315,3 +321,7 @@ def progress(stage: str, after: float = 1.5, stream: TextIO | None = None) -> It
         if interactive and time.perf_counter() - start > after:
             stream.write("\r\033[K")
             stream.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

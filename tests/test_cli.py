@@ -1,0 +1,142 @@
+"""The modelprof command, called as a user would."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+from importlib import resources
+
+import jsonschema
+import pytest
+import torch
+
+from pytest_modelprof.cli import build_parser, main, progress
+
+SMALL = ["torchvision.models:resnet18", "--input", "1x3x64x64", "--kw", "num_classes=10"]
+
+
+def run(*args):
+    out = io.StringIO()
+    return main(list(args), out=out), out.getvalue()
+
+
+def test_prints_header_tree_top_types_and_operators():
+    status, text = run(*SMALL, "--depth", "1")
+    assert status == 0
+    assert text.startswith("torchvision.models:resnet18: inference (cpu)\n")
+    assert "├── layer1   Sequential" in text
+    assert "top 5 by macs: Sequential" in text
+    assert "aten.convolution" in text
+
+
+def test_the_installed_command_and_its_exit_codes(tmp_path):
+    command = [sys.executable, "-m", "pytest_modelprof.cli"]
+    ok = subprocess.run([*command, *SMALL, "--raw", "--top", "3"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "aten.convolution" in ok.stdout
+    unknown = subprocess.run([*command, "torchvision.models:resnet5", "--input", "1x3x8x8"], capture_output=True, text=True)
+    assert unknown.returncode == 2
+    assert (
+        unknown.stderr
+        == "modelprof: error: unknown model 'torchvision.models:resnet5': torchvision.models has no 'resnet5'; did you mean 'resnet50'?\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["torchvision.models:resnet18", "--input", "1x3xa"],
+            "bad shape '1x3xa': expected positive integers joined by x, e.g. 1x3x224x224",
+        ),
+        (["no.such.package:model", "--input", "1"], "unknown model 'no.such.package:model': No module named 'no'"),
+        (["torchvision.models", "--input", "1"], "unknown model 'torchvision.models': expected package.module:callable"),
+        (["torchvision.models:resnet18", "--input", "1x3x8x8", "--device", "tpu"], "unknown device 'tpu'"),
+        (["torchvision.models:resnet18", "--input", "1x3x8x8", "--kw", "oops"], "bad --kw 'oops': expected KEY=VALUE"),
+        (["torchvision.models:resnet18", "--input", "1x3", "--kw", "num_classes=3"], "raised RuntimeError"),
+        (["torchvision.models:resnet18", "--input", "1x3x8x8", "--budgets", "b"], "--budgets needs --name"),
+    ],
+    ids=["bad-shape", "unknown-package", "no-callable", "unknown-device", "bad-keyword", "model-raises", "budgets-without-name"],
+)
+def test_errors_are_one_line(args, message, capsys):
+    assert main(args, out=io.StringIO()) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("modelprof: error: ") and message in error
+    assert error.count("\n") == 1
+
+
+def test_unavailable_device(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["torchvision.models:resnet18", "--input", "1x3x8x8", "--device", "cuda"], out=io.StringIO()) == 2
+    assert capsys.readouterr().err == "modelprof: error: device 'cuda' is not available on this machine (no CUDA GPU)\n"
+
+
+def test_model_from_a_file_and_integer_inputs(tmp_path):
+    (tmp_path / "tiny.py").write_text(
+        "import torch.nn as nn\n\ndef model(vocab=100):\n    return nn.Sequential(nn.Embedding(vocab, 8), nn.Linear(8, 2))\n"
+        "\ndef other():\n    return nn.Linear(3, 3)\n"
+    )
+    status, text = run(str(tmp_path / "tiny.py"), "--input", "2x5", "--dtype", "int64", "--kw", "vocab=50", "--raw")
+    assert status == 0
+    lines = text.splitlines()
+    embedding = next(line for line in lines if line.startswith("├── 0"))
+    assert embedding.split()[2:4] == ["Embedding", "400"]  # 50 x 8 weights
+    status, text = run(f"{tmp_path / 'tiny.py'}:other", "--input", "4x3", "--raw")
+    assert status == 0 and "Linear" in text
+
+
+def test_analytic_run_builds_on_meta(tmp_path):
+    status, text = run("torchvision.models:vit_b_16", "--input", "1x3x224x224", "--device", "meta", "--depth", "1", "--top", "3")
+    assert status == 0
+    assert "inference (analytic, as on cpu)" in text
+    assert "17.56 GMACs" in text  # as torchvision publishes
+
+
+def test_json_csv_and_plot(tmp_path):
+    files = {"json": tmp_path / "p.json", "csv": tmp_path / "p.csv", "plot": tmp_path / "p.png"}
+    status, _ = run(*SMALL, "--train", "--json", str(files["json"]), "--csv", str(files["csv"]), "--plot", str(files["plot"]))
+    assert status == 0
+    data = json.loads(files["json"].read_text())
+    schema = json.loads(resources.files("pytest_modelprof").joinpath("schema", "profile.schema.json").read_text())
+    jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/profile"}).validate(data)
+    assert data["train"] is True
+    rows = list(csv.DictReader(io.StringIO(files["csv"].read_text())))
+    assert rows[0]["path"] == "" and int(rows[0]["forward_flops"]) == data["forward_flops"]
+    ops = list(csv.DictReader(io.StringIO((tmp_path / "p.ops.csv").read_text())))
+    assert sum(int(r["flops"]) for r in ops) == data["flops"]
+    assert files["plot"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_budget_check(tmp_path):
+    budgets = tmp_path / "budgets"
+    budgets.mkdir()
+    (budgets / "cli.toml").write_text('[profiles."resnet18"]\nmax_params = 1_000_000\n')
+    status, text = run(*SMALL, "--budgets", str(budgets), "--name", "resnet18")
+    assert status == 1
+    assert "regressed params: measured 11,181,642 params, allowed 1,000,000 params (max_params)" in text
+    (budgets / "cli.toml").write_text('[profiles."resnet18"]\nmax_params = 12_000_000\n')
+    assert run(*SMALL, "--budgets", str(budgets), "--name", "resnet18")[0] == 0
+
+
+def test_help_lists_every_option(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for action in build_parser()._actions:
+        for flag in action.option_strings:
+            assert flag in text
+    assert "examples:" in text and "package.module:callable" in text
+
+
+def test_progress_is_shown_only_for_slow_work():
+    stream = io.StringIO()
+    with progress("quick", after=0.5, stream=stream):
+        pass
+    assert stream.getvalue() == ""
+    with progress("slow", after=0.05, stream=stream):
+        time.sleep(0.3)
+    assert stream.getvalue() == "modelprof: slow...\n"
