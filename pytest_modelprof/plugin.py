@@ -14,6 +14,8 @@ from . import ci, hookspecs
 from .budgets import BudgetError, load_budgets
 from .engine import Profile, profile, register_flop_formula, unregister_flop_formula
 from .report.summary import format_markdown, format_table, summary_row
+from .report.tables import format_tree_table
+from .report.text import format_header
 from .session import ModelprofSession
 
 STATE = pytest.StashKey[ModelprofSession]()
@@ -29,6 +31,7 @@ OPTIONS = (
     ("strict", "bool", "fail tests whose profiles have no budget entry"),
     ("json", "path", "directory to write one JSON file per profile and a session summary into"),
     ("device", "string", "device every profile runs on unless a test says otherwise: cpu, cuda, or meta (analytic)"),
+    ("tree", "string", "after the summary, print each profile's module tree down to this depth"),
 )
 
 
@@ -59,6 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "modelprof(train=False, loss_fn=None, device=None): options for the model_profile calls of this test",
     )
+    depth = option(config, "tree")
+    if depth and not str(depth).isdigit():
+        raise pytest.UsageError(f"--modelprof-tree expects a depth (0, 1, 2, ...), got {depth!r}")
     configured = option(config, "budgets")
     directory = Path(configured) if configured else config.rootpath / DEFAULT_BUDGETS
     if not directory.is_absolute():
@@ -207,6 +213,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if ci.in_github_actions():
         for line in ci.error_annotations(state.verdicts(), config.rootpath):
             write(line)
+    depth = option(config, "tree")
+    if depth:
+        for record in sorted(state.records.values(), key=lambda r: r.name):
+            write("")
+            for line in (format_header(record.profile) + "\n\n" + format_tree_table(record.profile, depth=int(depth))).splitlines():
+                write(line)
 
 
 def _next_steps(statuses: set[str], state: ModelprofSession) -> list[str]:

@@ -110,3 +110,20 @@ def test_disabled_with_no_modelprof(pytester):
     result.assert_outcomes(passed=1)
     result = pytester.runpytest("-p", "no:modelprof", "--help")
     assert "--modelprof-update" not in result.stdout.str()
+
+
+def test_module_trees_in_the_summary(project):
+    result = project.runpytest("--modelprof-tree", "1")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "test_models.py::test_small: inference (cpu)",
+            "  FLOPs        108 FLOPs   forward 108",
+            "",
+            "module  type         params         MACs  fwd FLOPs   share",
+            "Linear  Linear  20 (100.0%)  48 (100.0%)        108  100.0%",
+        ]
+    )
+    refused = project.runpytest("--modelprof-tree", "deep")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--modelprof-tree expects a depth (0, 1, 2, ...), got 'deep'"])

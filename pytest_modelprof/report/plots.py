@@ -41,7 +41,7 @@ def plot_module_flops(profile: Profile, path: str | Path, depth: int = 1, top: i
     axes.xaxis.set_major_formatter(lambda value, _: format_count(value))
     mode = "training step" if profile.train else "inference"
     total = format_count(profile.flops, "FLOPs")
-    axes.set_title(f"{profile.name or profile.model}: FLOPs per module at depth {depth} ({mode}, {total} in all)")
+    axes.set_title(f"{profile.name or profile.model}: FLOPs per module at depth {depth}\n{mode}, {total} in all", fontsize=11)
     axes.legend(loc="lower right")
     figure.savefig(path, dpi=120)
     plt.close(figure)
