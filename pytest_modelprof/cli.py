@@ -35,6 +35,12 @@ DTYPES = {
     "int32": torch.int32,
 }
 
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params),
+    "adamw": lambda params: torch.optim.AdamW(params),
+}
+
 EPILOG = """\
 examples:
   modelprof torchvision.models:resnet50 --input 1x3x224x224
@@ -77,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keyword argument for the model's callable (a Python literal), repeatable",
     )
     parser.add_argument("--train", action="store_true", help="profile a training step: forward, sum loss, backward")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="with --train: add this optimizer's step (default hyperparameters)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda (cuda:N) or meta for analytic mode (default: cpu)")
     parser.add_argument("--depth", type=int, default=2, metavar="N", help="depth of the module tree (default: 2)")
     parser.add_argument("--top", type=int, default=10, metavar="K", help="rows of the operator table, module types per depth (default: 10)")
@@ -112,6 +119,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 def run(options: argparse.Namespace, out: TextIO) -> int:
     if options.budgets and not options.name:
         raise CliError("--budgets needs --name: the profile's name in the budget files")
+    if options.optimizer and not options.train:
+        raise CliError("--optimizer needs --train: an optimizer step follows a backward pass")
     shapes = parse_shapes(options.input)
     device = _check_device(options.device)
     factory = load_factory(options.model)
@@ -126,9 +135,10 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
         inputs = tuple(torch.zeros(shape, dtype=dtype, device="meta" if model_on_meta(model) else "cpu") for shape in shapes)
     if dtype.is_floating_point and dtype != torch.float32:
         model = model.to(dtype)
+    optimizer = OPTIMIZERS[options.optimizer](model.parameters()) if options.optimizer else None
     with progress("profiling"):
         try:
-            result = profile(model, inputs, train=options.train, device=device)
+            result = profile(model, inputs, train=options.train, device=device, optimizer=optimizer)
         except ProfileError as error:
             raise CliError(str(error)) from None
     result.name = options.name or options.model
@@ -251,8 +261,9 @@ def _print_reports(result: Any, options: argparse.Namespace, out: TextIO) -> Non
     print(file=out)
     print(format_tree_table(result, depth=options.depth, ignore=options.ignore, human=human, ops=options.ops), file=out)
     print(file=out)
-    print(format_top(result, k=min(options.top, 5), depths=range(1, options.depth + 1)), file=out)
-    print(file=out)
+    if options.depth >= 1:
+        print(format_top(result, k=min(options.top, 5), depths=range(1, options.depth + 1)), file=out)
+        print(file=out)
     print(format_op_table(result, top=options.top, human=human), file=out)
 
 

@@ -21,7 +21,7 @@ from .session import ModelprofSession
 STATE = pytest.StashKey[ModelprofSession]()
 _FORMULAS = pytest.StashKey[list[Any]]()
 DEFAULT_BUDGETS = "budgets"
-PROFILE_OPTIONS = ("train", "loss_fn", "device")
+PROFILE_OPTIONS = ("train", "loss_fn", "device", "optimizer")
 
 # (name, kind, help): each is --modelprof-<name> on the command line and modelprof_<name> in the ini file
 OPTIONS = (
@@ -103,7 +103,7 @@ class ModelProfiler:
 
         ``name`` is the profile's key in the budget files; by default the test's node id
         (``#2``, ``#3``... for later unnamed profiles of the same test). ``options`` are
-        :func:`pytest_modelprof.profile`'s: ``train``, ``loss_fn``, ``device``.
+        :func:`pytest_modelprof.profile`'s: ``train``, ``loss_fn``, ``device``, ``optimizer``.
         """
         _check_options(options)
         self._made += 1
@@ -125,7 +125,7 @@ def _check_options(options: dict[str, Any]) -> None:
 def model_profile(request: pytest.FixtureRequest) -> ModelProfiler:
     """Profile models in a test and hold each profile against its budget.
 
-    ``model_profile(model, inputs, name=None, train=False, loss_fn=None, device=None)``
+    ``model_profile(model, inputs, name=None, train=False, loss_fn=None, device=None, optimizer=None)``
     returns a :class:`pytest_modelprof.Profile`. After the test, every profile it made
     is checked against the budget files; a profile over budget fails the test.
     """

@@ -57,8 +57,18 @@ def test_the_installed_command_and_its_exit_codes(tmp_path):
         (["torchvision.models:resnet18", "--input", "1x3x8x8", "--kw", "oops"], "bad --kw 'oops': expected KEY=VALUE"),
         (["torchvision.models:resnet18", "--input", "1x3", "--kw", "num_classes=3"], "raised RuntimeError"),
         (["torchvision.models:resnet18", "--input", "1x3x8x8", "--budgets", "b"], "--budgets needs --name"),
+        (["torchvision.models:resnet18", "--input", "1x3x8x8", "--optimizer", "adam"], "--optimizer needs --train"),
     ],
-    ids=["bad-shape", "unknown-package", "no-callable", "unknown-device", "bad-keyword", "model-raises", "budgets-without-name"],
+    ids=[
+        "bad-shape",
+        "unknown-package",
+        "no-callable",
+        "unknown-device",
+        "bad-keyword",
+        "model-raises",
+        "budgets-without-name",
+        "optimizer-without-train",
+    ],
 )
 def test_errors_are_one_line(args, message, capsys):
     assert main(args, out=io.StringIO()) == 2
@@ -140,3 +150,13 @@ def test_progress_is_shown_only_for_slow_work():
     with progress("slow", after=0.05, stream=stream):
         time.sleep(0.3)
     assert stream.getvalue() == "modelprof: slow...\n"
+
+
+def test_training_step_with_an_optimizer(tmp_path):
+    path = tmp_path / "step.json"
+    status, text = run(*SMALL, "--train", "--optimizer", "adamw", "--device", "meta", "--json", str(path))
+    assert status == 0
+    data = json.loads(path.read_text())
+    # AdamW: 14 FLOPs per parameter element, plus one step-counter increment per tensor
+    assert data["optimizer_flops"] == 14 * data["params"] + 62
+    assert "optimizer 156.54 M" in text

@@ -25,6 +25,9 @@ _USER_FORMULAS: dict[Any, Formula] = {}
 
 _ZERO = OpCost(0, 0)
 
+UNTRACKED = "untracked"
+"""The region of work the meter lets through uncounted (an optimizer's warm-up step)."""
+
 
 def _packet(op: Any) -> Any:
     return getattr(op, "_overloadpacket", op)
@@ -88,7 +91,7 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts FLOPs and MACs of every op, by phase and module stack.
 
     ``region`` is set by the runner: ``"forward"`` while the model runs, ``"loss"``
-    while the loss is computed. In the backward pass the phase is ``"backward"``
+    while the loss is computed, ``"optimizer"`` during the optimizer step. In the backward pass the phase is ``"backward"``
     (``"loss"`` for the loss's own backward), or ``"recompute"`` for forward work
     that activation checkpointing repeats (ops that run with grad mode on).
     """
@@ -115,13 +118,13 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 return "recompute", self.tracker.key or ROOT
             key = self.tracker.key_of_node(_current_autograd_node())
             return ("backward", key) if key else ("loss", ())
-        if self.region == "loss":
-            return "loss", ()
+        if self.region != "forward":
+            return self.region, ()
         return "forward", self.tracker.key or ROOT
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in METADATA:
+        if func in METADATA or self.region is UNTRACKED:
             return func(*args, **kwargs)
         name, formula, data_movement = self._resolved.get(func) or self._resolve(func)
         if formula is None:

@@ -493,6 +493,53 @@ for _name in ("gelu", "gelu_"):
 _set("gelu_backward", _gelu(ELEMENTWISE["gelu_backward"], GELU_TANH_BACKWARD_FLOPS))
 
 
+# ---------------------------------------------------------------- optimizers
+
+
+def _tensor_list_numel(values: Any) -> int:
+    return sum(t.numel() for t in values if isinstance(t, torch.Tensor))
+
+
+def _foreach(per_element: int) -> Formula:
+    """``_foreach_<op>`` kernels: the elementwise op over every tensor of the first list."""
+
+    def formula(tensors: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(per_element * _tensor_list_numel(tensors))
+
+    return formula
+
+
+for _name, _per_element in ELEMENTWISE.items():
+    for _suffix in ("", "_"):
+        _set(f"_foreach_{_name}{_suffix}", _foreach(_per_element))
+
+# Per parameter element, the same steps as the for-loop and foreach forms count:
+# Adam: m lerp (3), v = v * b2 + (1 - b2) g^2 (1 + 3), sqrt (1), bias correction (1),
+# + eps (1), p -= lr * m / denom (3): 13; weight decay, decoupled (AdamW: p *= 1 - lr wd)
+# or L2 (Adam: g += wd p), 1; amsgrad max (1).
+ADAM_FLOPS = 13
+
+
+def _fused_adam() -> Formula:
+    def formula(params: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+        per_element = ADAM_FLOPS + int(bool(kwargs.get("amsgrad")))
+        per_element += int(bool(kwargs.get("weight_decay")))
+        return OpCost(per_element * _tensor_list_numel(params))
+
+    return formula
+
+
+for _name in ("_fused_adam_", "_fused_adam", "_fused_adamw_", "_fused_adamw"):
+    _set(_name, _fused_adam())
+
+
+@_register("_fused_sgd_", "_fused_sgd")
+def fused_sgd(params: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+    # p -= lr * g (1); momentum: buf = buf * m + g (2); nesterov: g += m * buf (1); L2 decay g += wd p (1)
+    per_element = 1 + 2 * int(bool(kwargs.get("momentum"))) + int(bool(kwargs.get("nesterov"))) + int(bool(kwargs.get("weight_decay")))
+    return OpCost(per_element * _tensor_list_numel(params))
+
+
 # ---------------------------------------------------------------- reductions and softmax
 
 REDUCTION: dict[str, int] = {
@@ -828,5 +875,12 @@ METADATA = frozenset(
         aten.is_same_size.default,
         torch.ops.prim.layout.default,
         torch.ops.prim.device.default,
+        # record_function markers (optimizers emit them): profiler bookkeeping
+        *(
+            overload
+            for name in ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
+            if (packet := getattr(torch.ops.profiler, name, None)) is not None
+            for overload in (getattr(packet, o) for o in packet.overloads())
+        ),
     }
 )

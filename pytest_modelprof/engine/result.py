@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("forward", "loss", "backward", "recompute")
+PHASES = ("forward", "loss", "backward", "recompute", "optimizer")
 
 
 @dataclass
@@ -80,7 +80,8 @@ class Profile:
     """FLOPs, MACs and parameter figures of one profiled workload.
 
     ``flops`` and ``macs`` cover the whole workload: the forward pass for inference;
-    forward, loss, backward and any recomputation for a training step (``train=True``).
+    forward, loss, backward, any recomputation and the optimizer step (when one was
+    given) for a training step (``train=True``).
     ``peak_activation_bytes``, ``peak_memory_bytes``, ``latency_seconds`` (median) and
     ``machine`` (what the latency was measured on) are ``None`` when not measured.
     """
@@ -93,10 +94,12 @@ class Profile:
     loss_flops: int = 0
     backward_flops: int = 0
     recompute_flops: int = 0
+    optimizer_flops: int = 0
     forward_macs: int = 0
     loss_macs: int = 0
     backward_macs: int = 0
     recompute_macs: int = 0
+    optimizer_macs: int = 0
     params: int = 0
     trainable_params: int = 0
     buffers: int = 0
@@ -114,7 +117,7 @@ class Profile:
 
     @property
     def flops(self) -> int:
-        return self.forward_flops + self.loss_flops + self.backward_flops + self.recompute_flops
+        return self.forward_flops + self.loss_flops + self.backward_flops + self.recompute_flops + self.optimizer_flops
 
     @property
     def gflops(self) -> float:
@@ -122,7 +125,7 @@ class Profile:
 
     @property
     def macs(self) -> int:
-        return self.forward_macs + self.loss_macs + self.backward_macs + self.recompute_macs
+        return self.forward_macs + self.loss_macs + self.backward_macs + self.recompute_macs + self.optimizer_macs
 
     @property
     def model_size_bytes(self) -> int:

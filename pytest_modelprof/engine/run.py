@@ -15,6 +15,7 @@ restored, and inputs are copied before the model sees them.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import FormulaError, ProfileError
-from .flops import FlopMeter
+from .flops import UNTRACKED, FlopMeter
 from .modules import ModuleTracker, StackKey
 from .result import ModuleOp, ModuleStats, OpStats, Profile
 
@@ -36,6 +37,7 @@ def profile(
     train: bool = False,
     loss_fn: Any = None,
     device: str | torch.device | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> Profile:
     """Profile one forward pass (``train=False``) or one training step of ``model``.
 
@@ -44,6 +46,12 @@ def profile(
     mode under ``torch.no_grad()``; ``train=True`` runs it in train mode and profiles
     the forward pass, the loss (``loss_fn(output)``, by default the sum of every
     floating-point tensor in the output) and the backward pass.
+
+    With ``optimizer`` (``train=True`` only) the step goes on: ``optimizer.step()`` and
+    ``zero_grad()``, run by a copy of the optimizer (same class, hyperparameters and
+    state) over the run's tensors, so the caller's optimizer and its state are left as
+    they were. The figures are those of a steady-state step: where the optimizer has no
+    state yet (it creates it lazily), one untracked step creates it first.
 
     ``device=None`` runs on the device of the model's parameters; ``"cpu"`` or
     ``"cuda"`` runs there (the caller's model is not moved); ``"meta"`` is analytic
@@ -54,6 +62,11 @@ def profile(
     args, kwargs = _split_inputs(inputs)
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if optimizer is not None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if not train:
+            raise ProfileError("an optimizer step needs a backward pass: pass train=True with optimizer=")
     named_params: dict[str, torch.Tensor] = dict(model.named_parameters())
     named_buffers = dict(model.named_buffers())
     fake_mode, target = _choose_mode(model, named_params, named_buffers, (args, kwargs), device)
@@ -63,7 +76,14 @@ def profile(
     meter = FlopMeter(tracker)
     training_flags = {module: module.training for _, module in named_modules}
     with contextlib.ExitStack() as stack:
-        params, buffers, run_args, run_kwargs = _prepare(named_params, named_buffers, args, kwargs, fake_mode, target, train)
+        # an optimizer step writes into the parameters: then the run needs copies of its own
+        params, buffers, run_args, run_kwargs = _prepare(
+            named_params, named_buffers, args, kwargs, fake_mode, target, train, copy_params=optimizer is not None
+        )
+        run_optimizer = None
+        if optimizer is not None:
+            run_tensors = {id(named_params[name]): tensor for name, tensor in params.items()}
+            run_optimizer = _copy_optimizer(optimizer, run_tensors, lambda t: _copy_state(t, fake_mode, target), type(model).__name__)
         if fake_mode is None:
             stack.enter_context(torch.random.fork_rng(devices=[target] if target.type == "cuda" else [], device_type=target.type))
         else:
@@ -79,7 +99,7 @@ def profile(
         # run uses the prepared tensors (moved, fake, or safe to backpropagate into).
         in_place = fake_mode is None and not train and all(t.device == target for t in (*named_params.values(), *named_buffers.values()))
         state = None if in_place else {**params, **buffers}
-        _run(model, state, run_args, run_kwargs, train, loss_fn, tracker, meter)
+        _run(model, state, run_args, run_kwargs, train, loss_fn, tracker, meter, run_optimizer)
 
     return _build_profile(model, named_modules, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
 
@@ -139,6 +159,7 @@ def _prepare(
     fake_mode: FakeTensorMode | None,
     target: torch.device,
     train: bool,
+    copy_params: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any]]:
     """Tensors for the run (made outside any fake mode): the caller's never receive gradients or in-place updates."""
 
@@ -152,7 +173,8 @@ def _prepare(
         return fake_mode.from_tensor(t.detach())
 
     def parameter(t: torch.Tensor) -> torch.Tensor:
-        return convert(t).requires_grad_(train and t.requires_grad)
+        run = t.detach().to(target, copy=True) if copy_params and fake_mode is None else convert(t)
+        return run.requires_grad_(train and t.requires_grad)
 
     def copy(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
@@ -177,6 +199,7 @@ def _run(
     loss_fn: Any,
     tracker: ModuleTracker,
     meter: FlopMeter,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> None:
     try:
         with torch.set_grad_enabled(train):
@@ -206,6 +229,55 @@ def _run(
         raise
     except Exception as error:
         raise ProfileError(f"the backward pass of {type(model).__name__} raised {type(error).__name__}: {error}") from error
+    if optimizer is None:
+        return
+    try:
+        if any(not optimizer.state.get(p) for group in optimizer.param_groups for p in group["params"] if p.grad is not None):
+            meter.region = UNTRACKED
+            optimizer.step()
+        meter.region = "optimizer"
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    except FormulaError:
+        raise
+    except Exception as error:
+        raise ProfileError(f"the step of {type(optimizer).__name__} raised {type(error).__name__}: {error}") from error
+
+
+def _copy_optimizer(
+    optimizer: torch.optim.Optimizer, run_tensors: dict[int, torch.Tensor], copy_state: Any, model: str
+) -> torch.optim.Optimizer:
+    """The same optimizer (class, groups, hyperparameters, state) over the run's tensors."""
+    groups = []
+    for group in optimizer.param_groups:
+        params = []
+        for param in group["params"]:
+            run = run_tensors.get(id(param))
+            if run is None:
+                raise ProfileError(f"the optimizer holds a parameter of shape {tuple(param.shape)} that is not one of {model}'s parameters")
+            params.append(run)
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+    accepted = inspect.signature(type(optimizer)).parameters
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    try:
+        copy = type(optimizer)(groups, **defaults)
+    except TypeError as error:
+        raise ProfileError(f"cannot make a copy of {type(optimizer).__name__} for the run: {error}") from error
+    for param, state in optimizer.state.items():
+        run = run_tensors.get(id(param))
+        if run is not None:
+            copy.state[run] = {k: copy_state(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    return copy
+
+
+def _copy_state(t: torch.Tensor, fake_mode: FakeTensorMode | None, target: torch.device) -> torch.Tensor:
+    if fake_mode is None:
+        return t.detach().to(t.device if t.dim() == 0 and t.device.type == "cpu" else target, copy=True)
+    if isinstance(t, FakeTensor):
+        return t.detach()
+    if t.device.type == "meta":
+        return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t.detach(), target)
+    return fake_mode.from_tensor(t.detach())
 
 
 def _sum_of_outputs(output: Any) -> torch.Tensor:

@@ -25,6 +25,8 @@ def format_header(profile: Profile) -> str:
         phases += f", loss {format_count(profile.loss_flops)}, backward {format_count(profile.backward_flops)}"
     if profile.recompute_flops:
         phases += f", recomputed {format_count(profile.recompute_flops)}"
+    if profile.optimizer_flops:
+        phases += f", optimizer {format_count(profile.optimizer_flops)}"
     lines = [
         f"{title}: {mode} ({where})",
         f"  FLOPs   {format_count(profile.flops, 'FLOPs'):>14}   {phases}",

@@ -1,0 +1,86 @@
+"""A training step with its optimizer step: every implementation of an optimizer costs
+the same, the caller's optimizer is left as it was, and bad optimizers are refused."""
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_modelprof import ProfileError, profile
+
+PARAMS = 8 * 4 + 4  # nn.Linear(8, 4)
+TENSORS = 2  # weight and bias: one step-counter increment each (Adam)
+
+
+def model():
+    return nn.Linear(8, 4)
+
+
+def x():
+    return torch.randn(3, 8)
+
+
+IMPLEMENTATIONS = [dict(foreach=False), dict(foreach=True), dict(fused=True)]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS, ids=["for-loop", "foreach", "fused"])
+@pytest.mark.parametrize(
+    "make, per_element, counters",
+    [
+        (lambda p, **kw: torch.optim.Adam(p, **kw), 13, TENSORS),
+        (lambda p, **kw: torch.optim.Adam(p, weight_decay=0.1, **kw), 14, TENSORS),
+        (lambda p, **kw: torch.optim.AdamW(p, weight_decay=0.1, **kw), 14, TENSORS),
+        (lambda p, **kw: torch.optim.SGD(p, lr=0.1, momentum=0.9, **kw), 3, 0),
+        (lambda p, **kw: torch.optim.SGD(p, lr=0.1, **kw), 1, 0),
+    ],
+    ids=["adam", "adam-l2", "adamw", "sgd-momentum", "sgd"],
+)
+def test_every_implementation_costs_the_same(make, per_element, counters, implementation):
+    net = model()
+    optimizer = make(net.parameters(), **implementation)
+    result = profile(net, x(), train=True, optimizer=optimizer)
+    assert result.uncounted == {}
+    assert result.optimizer_flops == per_element * PARAMS + counters
+    assert result.flops == result.forward_flops + result.loss_flops + result.backward_flops + result.optimizer_flops
+
+
+def test_analytic_step_equals_real_step():
+    net = model()
+    optimizer = torch.optim.AdamW(net.parameters())
+    real = profile(net, x(), train=True, optimizer=optimizer)
+    analytic = profile(net, x(), train=True, optimizer=optimizer, device="meta")
+    assert (analytic.optimizer_flops, analytic.flops) == (real.optimizer_flops, real.flops)
+
+
+def test_the_callers_optimizer_and_model_are_left_as_they_were():
+    net = model()
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
+    net(x()).sum().backward()
+    optimizer.step()  # the caller's optimizer has state now
+    state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
+    weights = [p.detach().clone() for p in net.parameters()]
+    grads = [p.grad.clone() for p in net.parameters()]
+    profile(net, x(), train=True, optimizer=optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(weights, net.parameters()))
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, net.parameters()))
+    for param, entries in optimizer.state.items():
+        assert all(torch.equal(state[id(param)][k], v) for k, v in entries.items())
+
+
+def test_frozen_parameters_are_not_stepped():
+    net = nn.Sequential(nn.Linear(8, 8).requires_grad_(False), nn.Linear(8, 4))
+    optimizer = torch.optim.SGD(net[1].parameters(), lr=0.1)
+    result = profile(net, x(), train=True, optimizer=optimizer)
+    assert result.optimizer_flops == PARAMS
+
+
+def test_optimizer_of_another_model():
+    with pytest.raises(ProfileError, match=r"optimizer holds a parameter of shape \(4, 8\) that is not one of Linear's parameters"):
+        profile(model(), x(), train=True, optimizer=torch.optim.SGD(model().parameters(), lr=0.1))
+
+
+def test_optimizer_needs_a_training_step():
+    net = model()
+    with pytest.raises(ProfileError, match="pass train=True with optimizer="):
+        profile(net, x(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer"):
+        profile(net, x(), train=True, optimizer="adam")
