@@ -1,7 +1,7 @@
 """Analytic FLOP profiling of a Llama-style 7B training step's forward and backward.
 
 The model (examples/llama.py: hidden 4096, 32 layers, sequence 2048) lives on the
-meta device. In one process, interleaved, this times ``profile(..., device="meta",
+meta device; FLOPs only (``memory=False``). In one process, interleaved, this times ``profile(..., device="meta",
 train=True)`` against torch's ``FlopCounterMode`` over the same fake-tensor forward
 and backward, and prints the ratio (goal: at most 1.5x) and the peak RSS (goal:
 under 1 GB). Peak RSS is read in a fresh process running only our profile.
@@ -36,7 +36,7 @@ def build() -> Llama:
 
 
 def ours(model: Llama, tokens: torch.Tensor) -> int:
-    return profile(model, tokens, device="meta", train=True).flops
+    return profile(model, tokens, device="meta", train=True, memory=False).flops
 
 
 def torch_counter(model: Llama, tokens: torch.Tensor) -> int:

@@ -1,6 +1,7 @@
 """Cost of FLOP profiling a forward pass on real CPU tensors.
 
-Prints, per model, the time of a plain forward pass, of ``profile()`` and of torch's
+Prints, per model, the time of a plain forward pass, of ``profile(memory=False)``
+(FLOPs only; the memory meter is measured by its own benchmark) and of torch's
 own ``FlopCounterMode`` on the same forward, measured interleaved in one run, and
 their ratios: of the best times (timeit's convention: the least disturbed run on a
 shared machine) and of the medians. Goal: ``profile()`` at most 1.25x the plain
@@ -43,7 +44,7 @@ def torch_counter(model, x):
 
 
 def ours(model, x):
-    profile(model, x)
+    profile(model, x, memory=False)
 
 
 def seconds(fn, model, x):

@@ -12,7 +12,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -35,7 +35,7 @@ DTYPES = {
     "int32": torch.int32,
 }
 
-OPTIMIZERS = {
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
     "adam": lambda params: torch.optim.Adam(params),
     "adamw": lambda params: torch.optim.AdamW(params),

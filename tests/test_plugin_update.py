@@ -5,6 +5,10 @@ import stat
 
 from conftest import SMALL_GFLOPS, write_budget
 
+# inference keeps no activations; the peak holds 20 weights, a 3 x 4 input and a 3 x 4
+# output, float32: 4 * (20 + 12 + 12) = 176 bytes
+MEMORY_BASELINES = "peak_activation_mb = 0.0\npeak_memory_mb = 0.000176"
+
 HAND_WRITTEN = """\
 # Budgets of the small model.
 [profiles."test_models.py::test_small"]
@@ -25,7 +29,7 @@ def test_update_rewrites_baselines_and_keeps_everything_else(project):
     result = project.runpytest("--modelprof-update")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*test_models.py::test_small * updated", "updated budgets?test_models.toml"])
-    assert path.read_text() == HAND_WRITTEN.replace("gflops = 5e-08", f"gflops = {SMALL_GFLOPS!r}")
+    assert path.read_text() == HAND_WRITTEN.replace("gflops = 5e-08", f"gflops = {SMALL_GFLOPS!r}\n{MEMORY_BASELINES}")
 
 
 def test_update_twice_leaves_the_file_byte_identical(project):
@@ -42,7 +46,10 @@ def test_update_creates_entries_for_new_profiles(project):
     result = project.runpytest("--modelprof-update")
     result.assert_outcomes(passed=1)
     created = project.path / "budgets" / "test_models.toml"
-    assert created.read_text() == f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS!r}\nparams = 20\n\n'
+    assert (
+        created.read_text()
+        == f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS!r}\nparams = 20\n{MEMORY_BASELINES}\n\n'
+    )
     project.runpytest("--modelprof-strict").assert_outcomes(passed=1)
 
 

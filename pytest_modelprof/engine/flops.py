@@ -16,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import FormulaError
 from .formulas import BUILTIN, DATA_MOVEMENT, METADATA, Formula, OpCost
-from .modules import ROOT, ModuleTracker, StackKey
+from .memory import GRADIENTS, TEMPORARIES, MemoryMeter
+from .modules import ACCUMULATE_GRAD_SEQUENCE_NR, ROOT, ModuleTracker, StackKey
 
 _current_graph_task_id = torch._C._current_graph_task_id
 _current_autograd_node = torch._C._current_autograd_node
@@ -88,7 +89,8 @@ Tally = dict[tuple[str, StackKey, str], list[int]]
 
 
 class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Counts FLOPs and MACs of every op, by phase and module stack.
+    """Counts FLOPs and MACs of every op, by phase and module stack; with a
+    :class:`MemoryMeter` in ``memory``, feeds it every op's outputs too (one pass).
 
     ``region`` is set by the runner: ``"forward"`` while the model runs, ``"loss"``
     while the loss is computed, ``"optimizer"`` during the optimizer step. In the backward pass the phase is ``"backward"``
@@ -102,6 +104,7 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.region = "forward"
         self.tally: Tally = {}
         self.uncounted: Counter[str] = Counter()
+        self.memory: MemoryMeter | None = None
         self._resolved: dict[Any, tuple[str, Formula | None, bool]] = {}
 
     def _resolve(self, func: Any) -> tuple[str, Formula | None, bool]:
@@ -127,19 +130,21 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func in METADATA or self.region is UNTRACKED:
             return func(*args, **kwargs)
         name, formula, data_movement = self._resolved.get(func) or self._resolve(func)
+        if formula is None and not data_movement:
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = func(*args, **kwargs)
+        phase, key = self._where()
+        if self.memory is not None:
+            self._measure(out, phase, key)
         if formula is None:
             if not data_movement:
-                with self:
-                    decomposed = func.decompose(*args, **kwargs)
-                if decomposed is not NotImplemented:
-                    return decomposed
-                out = func(*args, **kwargs)
                 self.uncounted[name] += 1
                 return out
-            out = func(*args, **kwargs)
             cost = _ZERO
         else:
-            out = func(*args, **kwargs)
             try:
                 value = formula(*args, out_val=out, **kwargs)
             except Exception as error:
@@ -149,7 +154,7 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self.uncounted[name] += 1
                 return out
             cost = counted
-        row_key = (*self._where(), name)
+        row_key = (phase, key, name)
         row = self.tally.get(row_key)
         if row is None:
             self.tally[row_key] = [1, cost.flops, cost.macs]
@@ -158,3 +163,13 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
             row[1] += cost.flops
             row[2] += cost.macs
         return out
+
+    def _measure(self, out: Any, phase: str, key: StackKey) -> None:
+        memory = self.memory
+        assert memory is not None
+        node = _current_autograd_node() if phase == "backward" else None
+        if node is not None and node._sequence_nr() == ACCUMULATE_GRAD_SEQUENCE_NR:
+            memory.track_all(out, GRADIENTS)  # what AccumulateGrad stores in .grad
+        else:
+            memory.track_all(out, TEMPORARIES)
+        memory.sample(phase, key)

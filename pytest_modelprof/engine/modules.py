@@ -30,7 +30,7 @@ ROOT: StackKey = ("",)
 
 _get_sequence_nr = torch.autograd._get_sequence_nr  # type: ignore[attr-defined]
 # AccumulateGrad nodes (one per leaf) all carry this sequence number.
-_ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1
+ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1
 
 
 def ancestors(path: str) -> StackKey:
@@ -138,7 +138,7 @@ class ModuleTracker:
         if node is None:
             return ROOT
         seq = node._sequence_nr()
-        if seq == _ACCUMULATE_GRAD_SEQUENCE_NR:
+        if seq == ACCUMULATE_GRAD_SEQUENCE_NR:
             return self._param_keys.get(id(node.variable), ROOT)
         key = self._node_keys.get(seq)
         if key is None:

@@ -25,6 +25,25 @@ class ModuleOp:
 
 
 @dataclass
+class MemoryReport:
+    """Memory of the run over time, in bytes (allocated bytes; see the memory meter).
+
+    ``timeline`` holds, after each op, its phase and the bytes of each category (in the
+    order of ``categories``); ``peak_breakdown`` is that row at the peak, and
+    ``category_max`` each category's own maximum over the run.
+    """
+
+    peak_bytes: int
+    peak_phase: str
+    peak_module: str
+    peak_breakdown: dict[str, int]
+    category_max: dict[str, int]
+    categories: list[str]
+    timeline: list[tuple[str, list[int]]]
+    block_bytes: int = 1
+
+
+@dataclass
 class ModuleStats:
     """One module of the profiled model, at one dotted path.
 
@@ -47,6 +66,8 @@ class ModuleStats:
     self_backward_flops: int = 0
     share: float = 0.0
     ops: list[ModuleOp] = field(default_factory=list)
+    activation_bytes: int = 0  # saved for backward by its ops (and its children's)
+    peak_bytes: int = 0  # the most memory in use while it ran, forward or backward
 
     @property
     def flops(self) -> int:
@@ -114,6 +135,7 @@ class Profile:
     peak_memory_bytes: int | None = None
     latency_seconds: float | None = None
     machine: str | None = None
+    memory: MemoryReport | None = None
 
     @property
     def flops(self) -> int:
@@ -159,4 +181,8 @@ class Profile:
         values = {k: v for k, v in data.items() if k in names}
         values["modules"] = [ModuleStats(**{**m, "ops": [ModuleOp(**o) for o in m.get("ops", [])]}) for m in data.get("modules", [])]
         values["ops"] = [OpStats(**o) for o in data.get("ops", [])]
+        if data.get("memory") is not None:
+            memory = dict(data["memory"])
+            memory["timeline"] = [(phase, list(row)) for phase, row in memory["timeline"]]
+            values["memory"] = MemoryReport(**memory)
         return cls(**values)

@@ -26,8 +26,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import FormulaError, ProfileError
 from .flops import UNTRACKED, FlopMeter
-from .modules import ModuleTracker, StackKey
-from .result import ModuleOp, ModuleStats, OpStats, Profile
+from .memory import BUFFERS, CATEGORIES, CUDA_BLOCK, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
+from .modules import ROOT, ModuleTracker, StackKey
+from .result import MemoryReport, ModuleOp, ModuleStats, OpStats, Profile
 
 
 def profile(
@@ -38,6 +39,7 @@ def profile(
     loss_fn: Any = None,
     device: str | torch.device | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    memory: bool = True,
 ) -> Profile:
     """Profile one forward pass (``train=False``) or one training step of ``model``.
 
@@ -56,6 +58,9 @@ def profile(
     ``device=None`` runs on the device of the model's parameters; ``"cpu"`` or
     ``"cuda"`` runs there (the caller's model is not moved); ``"meta"`` is analytic
     mode: fake tensors, no allocation, no computation, the same figures.
+
+    ``memory=True`` follows memory in the same pass (``Profile.memory``,
+    ``peak_memory_bytes``, ``peak_activation_bytes``); ``memory=False`` counts FLOPs only.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
@@ -92,16 +97,37 @@ def profile(
             tracker.watch_parameters(params)
         stack.enter_context(_restore_training_flags(training_flags))
         model.train(train)
-        stack.enter_context(tracker)
-        stack.enter_context(meter)
         # A real inference run on the model's own device needs no swapped tensors:
         # nothing receives a gradient and eval mode updates no buffer. Every other
         # run uses the prepared tensors (moved, fake, or safe to backpropagate into).
         in_place = fake_mode is None and not train and all(t.device == target for t in (*named_params.values(), *named_buffers.values()))
         state = None if in_place else {**params, **buffers}
+        if memory:
+            meter.memory = MemoryMeter(CUDA_BLOCK if target.type == "cuda" else 1)
+            meter.memory.track_all(named_params if in_place else params, PARAMETERS)
+            meter.memory.track_all(named_buffers if in_place else buffers, BUFFERS)
+            meter.memory.track_all((run_args, run_kwargs), INPUTS)
+            if run_optimizer is not None:
+                meter.memory.track_all(list(run_optimizer.state.values()), OPTIMIZER_STATE)
+            stack.callback(meter.memory.close)
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(_saver(meter.memory, tracker), _identity))
+        stack.enter_context(tracker)
+        stack.enter_context(meter)
         _run(model, state, run_args, run_kwargs, train, loss_fn, tracker, meter, run_optimizer)
 
     return _build_profile(model, named_modules, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
+
+
+def _saver(memory: MemoryMeter, tracker: ModuleTracker) -> Any:
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        memory.saved_for_backward(tensor, tracker.key or ROOT)
+        return tensor
+
+    return pack
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -235,6 +261,8 @@ def _run(
         if any(not optimizer.state.get(p) for group in optimizer.param_groups for p in group["params"] if p.grad is not None):
             meter.region = UNTRACKED
             optimizer.step()
+            if meter.memory is not None:  # the state that step created lives on
+                meter.memory.track_all(list(optimizer.state.values()), OPTIMIZER_STATE)
         meter.region = "optimizer"
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -357,7 +385,28 @@ def _build_profile(
     for stats in modules.values():
         stats.share = stats.flops / total if total else 0.0
     result.modules = list(modules.values())
+    if meter.memory is not None:
+        _add_memory(result, modules, meter.memory)
     return result
+
+
+def _add_memory(result: Profile, modules: dict[str, ModuleStats], memory: MemoryMeter) -> None:
+    phase, key = memory.peak_where
+    result.memory = MemoryReport(
+        peak_bytes=memory.peak,
+        peak_phase=phase,
+        peak_module=key[-1] if key else "",
+        peak_breakdown=dict(zip(CATEGORIES, memory.peak_breakdown)),
+        category_max=dict(zip(CATEGORIES, memory.category_max)),
+        categories=list(CATEGORIES),
+        timeline=[(phase, list(row)) for phase, row in memory.timeline],
+        block_bytes=memory.round_to,
+    )
+    result.peak_memory_bytes = memory.peak
+    result.peak_activation_bytes = memory.category_max[CATEGORIES.index("activations")]
+    for path, stats in modules.items():
+        stats.activation_bytes = memory.module_activations.get(path, 0)
+        stats.peak_bytes = memory.module_peaks.get(path, 0)
 
 
 def _module_rows(named_modules: list[tuple[str, nn.Module]], tracker: ModuleTracker) -> dict[str, ModuleStats]:

@@ -1,0 +1,126 @@
+"""The memory meter against hand-derived figures (bytes of float32 tensors: 4 per element)."""
+
+import weakref
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from pytest_modelprof import profile
+from pytest_modelprof.engine.memory import CUDA_BLOCK, TEMPORARIES, MemoryMeter
+
+N, A, B, C = 16, 32, 64, 8
+
+
+def stack():
+    return nn.Sequential(nn.Linear(A, B, bias=False), nn.ReLU(), nn.Linear(B, C, bias=False))
+
+
+PARAM_BYTES = 4 * (A * B + B * C)
+
+
+@pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
+def test_linear_stack_training_step(device):
+    result = profile(stack(), torch.randn(N, A), train=True, device=device)
+    memory = result.memory
+    # the ReLU output is saved (by ReLU and by the second Linear: one storage); the
+    # first Linear saves only its input, which is the caller's input, not an activation
+    assert result.peak_activation_bytes == 4 * N * B
+    assert result.module("1").activation_bytes == 4 * N * B
+    assert memory.category_max["parameters"] == PARAM_BYTES
+    assert memory.category_max["inputs"] == 4 * N * A
+    # the input needs no gradient: gradients are exactly the weights'
+    assert memory.category_max["gradients"] == PARAM_BYTES
+    assert memory.peak_bytes == max(sum(row) for _, row in memory.timeline)
+    assert memory.peak_bytes < sum(memory.category_max.values())  # a true peak, not a sum of maxima
+
+
+def test_inference_under_no_grad_keeps_no_activations():
+    result = profile(stack(), torch.randn(N, A))
+    assert result.peak_activation_bytes == 0
+    # weights, input, and at most two layer outputs alive at once
+    assert result.peak_memory_bytes == PARAM_BYTES + 4 * N * A + 4 * N * B + 4 * N * B
+
+
+def test_views_and_in_place_ops_add_nothing_contiguous_copies():
+    class Reshapes(nn.Module):
+        def forward(self, x):
+            y = x * 2  # one new storage
+            y.relu_()
+            return y.transpose(0, 1).reshape(-1)  # a transpose is a view; flattening it copies
+
+    class Views(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            y.relu_()
+            return y.view(-1)[: N * A]
+
+    x = torch.randn(N, A)
+    assert profile(Views(), x).peak_memory_bytes == 4 * N * A * 2
+    assert profile(Reshapes(), x).peak_memory_bytes == 4 * N * A * 3
+
+
+@pytest.mark.parametrize(
+    "make, state_per_param",
+    [
+        (lambda p: torch.optim.Adam(p), 2),
+        (lambda p: torch.optim.AdamW(p, fused=True), 2),
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), 1),
+        (lambda p: torch.optim.SGD(p, lr=0.1), 0),
+    ],
+    ids=["adam", "adamw-fused", "sgd-momentum", "sgd"],
+)
+def test_optimizer_state(make, state_per_param):
+    model = stack()
+    result = profile(model, torch.randn(N, A), train=True, optimizer=make(model.parameters()))
+    step_counters = 4 * 2 if state_per_param == 2 else 0  # Adam: one float32 step per tensor
+    assert result.memory.category_max["optimizer_state"] == state_per_param * PARAM_BYTES + step_counters
+
+
+def test_frozen_layers_get_no_gradients_nor_state():
+    model = stack()
+    model[0].requires_grad_(False)
+    trainable = 4 * B * C
+    result = profile(model, torch.randn(N, A), train=True, optimizer=torch.optim.Adam(model[2].parameters()))
+    assert result.memory.category_max["gradients"] == trainable
+    assert result.memory.category_max["optimizer_state"] == 2 * trainable + 4
+
+
+def test_checkpointing_shrinks_activations():
+    class Checkpointed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = stack()
+
+        def forward(self, x):
+            return checkpoint(self.body, x, use_reentrant=False)
+
+    x = torch.randn(N, A, requires_grad=True)
+    plain = profile(stack(), x, train=True)
+    saved = profile(Checkpointed(), x, train=True)
+    assert plain.peak_activation_bytes == 4 * N * B
+    assert saved.peak_activation_bytes == 0  # only the caller's input is kept
+    assert saved.recompute_flops > 0
+
+
+def test_cuda_targets_round_to_allocator_blocks():
+    meter = MemoryMeter(round_to=CUDA_BLOCK)
+    small, large = torch.empty(3), torch.empty(1000)
+    meter.track(small, TEMPORARIES)
+    meter.track(large, TEMPORARIES)
+    meter.sample("forward", ())
+    assert meter.peak == 512 + 4096  # 12 bytes -> one block; 4000 bytes -> 8 blocks
+    meter.close()
+
+
+def test_no_finalizer_outlives_the_run():
+    before = len(weakref.finalize._registry)
+    result = profile(stack(), torch.randn(N, A), train=True)
+    assert len(weakref.finalize._registry) == before
+    assert result.memory is not None
+
+
+def test_memory_can_be_left_out():
+    result = profile(stack(), torch.randn(N, A), memory=False)
+    assert result.memory is None and result.peak_memory_bytes is None
