@@ -23,7 +23,7 @@ from torch import nn
 from .budgets import REGRESSED, BudgetError, check, load_budgets
 from .engine import ProfileError, profile
 from .report.export import write_modules_csv, write_ops_csv
-from .report.tables import format_op_table, format_top, format_tree_table
+from .report.tables import format_memory_report, format_op_table, format_top, format_tree_table
 from .report.text import format_header
 
 DTYPES = {
@@ -98,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--raw", action="store_true", help="raw numbers instead of k/M/G/T prefixes")
     parser.add_argument("--json", metavar="FILE", help="write the profile as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the module tree as CSV to FILE, the operator table to FILE's stem + .ops.csv")
-    parser.add_argument("--plot", metavar="FILE", help="draw FLOPs per top-level module into a PNG (needs matplotlib)")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="draw FLOPs per top-level module into a PNG, and memory over time into FILE's stem + .memory.png (needs matplotlib)",
+    )
     parser.add_argument("--budgets", metavar="DIR", help="hold the profile against the budget files in DIR (needs --name)")
     parser.add_argument("--name", help="the profile's name in the budget files")
     return parser
@@ -265,6 +269,9 @@ def _print_reports(result: Any, options: argparse.Namespace, out: TextIO) -> Non
         print(format_top(result, k=min(options.top, 5), depths=range(1, options.depth + 1)), file=out)
         print(file=out)
     print(format_op_table(result, top=options.top, human=human), file=out)
+    if result.memory is not None:
+        print(file=out)
+        print(format_memory_report(result, top_parameters=options.top), file=out)
 
 
 def _write_outputs(result: Any, options: argparse.Namespace, out: TextIO) -> None:
@@ -280,13 +287,17 @@ def _write_outputs(result: Any, options: argparse.Namespace, out: TextIO) -> Non
             write_ops_csv(result, handle)
         print(f"wrote {modules} and {ops}", file=out)
     if options.plot:
-        from .report.plots import plot_module_flops
+        from .report.plots import plot_memory_timeline, plot_module_flops
 
+        flops_plot = Path(options.plot)
+        memory_plot = flops_plot.with_name(flops_plot.stem + ".memory.png")
         try:
-            plot_module_flops(result, options.plot, depth=1)
+            plot_module_flops(result, flops_plot, depth=1)
+            if result.memory is not None:
+                plot_memory_timeline(result, memory_plot)
         except ImportError as error:
             raise CliError(str(error)) from None
-        print(f"wrote {options.plot}", file=out)
+        print(f"wrote {flops_plot}" + (f" and {memory_plot}" if result.memory is not None else ""), file=out)
 
 
 def _check_budget(result: Any, name: str, budgets: Any, out: TextIO) -> int:

@@ -92,5 +92,5 @@ def test_summary_shows_memory_and_latency_when_measured(budget):
     row = summary_row(check(measured(), "net", budget), measured(), None)
     header, line = format_table([row])
     assert header.split() == ["profile", "GFLOPs", "params", "peak", "MB", "latency", "ms", "status"]
-    assert line.split() == ["net", "0", "10", "400.0", "10", "ok"]
-    assert "| net | 0 | 10 | 400.0 | 10 | ok |" in format_markdown([row])
+    assert line.split() == ["net", "0", "10", "400", "10", "ok"]
+    assert "| net | 0 | 10 | 400 | 10 | ok |" in format_markdown([row])

@@ -118,6 +118,7 @@ def test_json_csv_and_plot(tmp_path):
     ops = list(csv.DictReader(io.StringIO((tmp_path / "p.ops.csv").read_text())))
     assert sum(int(r["flops"]) for r in ops) == data["flops"]
     assert files["plot"].read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "p.memory.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_budget_check(tmp_path):

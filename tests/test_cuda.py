@@ -15,7 +15,7 @@ def flop_figures(result):
         del data[key]
     for module in data["modules"]:
         del module["activation_bytes"], module["peak_bytes"]
-    data["ops"] = [op for op in data["ops"] if op["flops"]]
+    data["ops"] = [{k: v for k, v in op.items() if k != "allocated_bytes"} for op in data["ops"] if op["flops"]]
     for module in data["modules"]:
         module["ops"] = [op for op in module["ops"] if op["flops"]]
     return data

@@ -120,8 +120,8 @@ def test_module_trees_in_the_summary(project):
             "test_models.py::test_small: inference (cpu)",
             "  FLOPs        108 FLOPs   forward 108",
             "",
-            "module  type         params         MACs  fwd FLOPs   share",
-            "Linear  Linear  20 (100.0%)  48 (100.0%)        108  100.0%",
+            "module  type         params         MACs  fwd FLOPs  peak memory   share",
+            "Linear  Linear  20 (100.0%)  48 (100.0%)        108        176 B  100.0%",
         ]
     )
     refused = project.runpytest("--modelprof-tree", "deep")

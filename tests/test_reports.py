@@ -8,6 +8,8 @@ from torch import nn
 
 from pytest_modelprof import profile
 from pytest_modelprof.report import (
+    format_count,
+    format_memory_report,
     format_model_graph,
     format_op_table,
     format_top,
@@ -44,10 +46,11 @@ def test_tree_rows_hold_each_modules_figures():
     result = profile(Net(), X)
     table = format_tree_table(result, human=False)
     lines = table.splitlines()
-    assert lines[0].split() == ["module", "type", "params", "MACs", "fwd", "FLOPs", "share"]
+    assert lines[0].split() == ["module", "type", "params", "MACs", "fwd", "FLOPs", "peak", "memory", "share"]
     head = next(line for line in lines if line.startswith("└── head"))
-    # 64 of 448 parameters, 128 of 896 MACs, 256 of 1824 FLOPs
-    assert head.split()[2:9] == ["Linear", "64", "(14.3%)", "128", "(14.3%)", "256", "14.0%"]
+    # 64 of 448 parameters, 128 of 896 MACs, 256 of 1824 FLOPs; while it runs, the
+    # weights (1792 B), the input (64 B), the encoder's output (128 B) and its own (32 B)
+    assert head.split()[2:10] == ["Linear", "64", "(14.3%)", "128", "(14.3%)", "256", "2016", "14.0%"]
     encoder = next(line for line in lines if line.startswith("├── encoder"))
     assert encoder.split()[5] == str(MACS["encoder.0"] + MACS["encoder.2"])
     assert encoder.split()[7] == str(2 * (256 + 512) + 32)
@@ -86,7 +89,7 @@ def test_long_names_and_deep_trees_do_not_overflow():
     assert all(len(name) <= 40 for name in shown)
     # thirteen levels of guides do not fit: they give way, the name keeps half the column
     assert shown[-1] == "…" + " " * 15 + "└── a_rather_long_modul…"
-    assert lines[-1].split()[-7:-3] == ["Linear", "20", "(100.0%)", "16"]
+    assert lines[-1].split()[3:11] == ["Linear", "20", "(100.0%)", "16", "(100.0%)", "36", "112", "B"]  # 80 B weights, 16 B in, 16 B out
 
 
 def test_depth_limit_and_ignore():
@@ -99,7 +102,7 @@ def test_depth_limit_and_ignore():
 def test_model_graph_is_nested_like_the_module():
     graph = format_model_graph(profile(Net(), X), human=False)
     assert graph.count("(") - graph.count(")") == 0
-    assert "  (head): Linear(64 (14.3%) params, 128 (14.3%) MACs, 256 fwd FLOPs, 14.0% of FLOPs)" in graph
+    assert "  (head): Linear(64 (14.3%) params, 128 (14.3%) MACs, 256 fwd FLOPs, 2016 peak memory, 14.0% of FLOPs)" in graph
     assert graph.splitlines()[2] == "  (encoder): Sequential("
 
 
@@ -136,4 +139,37 @@ def test_flops_plot(tmp_path):
 
     path = tmp_path / "flops.png"
     plot_module_flops(profile(Net(), X, train=True), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_memory_report_of_a_training_step():
+    net = Net()
+    result = profile(net, X, train=True, optimizer=torch.optim.Adam(net.parameters()))
+    text = format_memory_report(result, top_parameters=2)
+    lines = text.splitlines()
+    assert lines[1].startswith(f"  peak {format_count(result.peak_memory_bytes, 'B')} in ")
+    rows = {line.split()[0]: line.split() for line in lines[3:10]}
+    # Adam keeps two moments per weight: 2 * 448 * 4 bytes, plus a 4-byte step per tensor
+    assert rows["optimizer_state"][-2:] == [format_count(2 * 448 * 4 + 3 * 4, "B").split()[0], "kB"]
+    assert rows["parameters"][-2:] == [format_count(448 * 4, "B").split()[0], "kB"]
+    biggest = lines[11].split()
+    assert biggest[0] == "encoder.2.weight" and biggest[1:] == ["1.02", "kB", "1.02", "kB"]  # 16 x 16 float32
+    assert lines[-1] == "  ... 1 more parameters"
+
+
+def test_module_tree_and_operator_table_show_memory():
+    result = profile(Net(), X, train=True)
+    tree = format_tree_table(result, human=False).splitlines()
+    assert tree[0].split()[-4:] == ["activations", "peak", "memory", "share"]
+    relu = next(line for line in tree if "ReLU" in line)
+    assert relu.split()[-3] == str(4 * 2 * 16)  # the ReLU output is saved for backward
+    ops = format_op_table(result, human=False).splitlines()
+    assert "allocated" in ops[0]
+
+
+def test_memory_timeline_plot(tmp_path):
+    from pytest_modelprof.report.plots import plot_memory_timeline
+
+    path = tmp_path / "memory.png"
+    plot_memory_timeline(profile(Net(), X, train=True), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -26,9 +26,6 @@ _USER_FORMULAS: dict[Any, Formula] = {}
 
 _ZERO = OpCost(0, 0)
 
-UNTRACKED = "untracked"
-"""The region of work the meter lets through uncounted (an optimizer's warm-up step)."""
-
 
 def _packet(op: Any) -> Any:
     return getattr(op, "_overloadpacket", op)
@@ -84,7 +81,7 @@ def _as_cost(value: Any, op: Any) -> OpCost | None:
     raise FormulaError(f"the FLOP formula for {op} returned {value!r}; expected an int, OpCost(flops, macs) or None")
 
 
-# (phase, stack key, op name) -> [calls, flops, macs]
+# (phase, stack key, op name) -> [calls, flops, macs, bytes allocated]
 Tally = dict[tuple[str, StackKey, str], list[int]]
 
 
@@ -127,7 +124,7 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in METADATA or self.region is UNTRACKED:
+        if func in METADATA:
             return func(*args, **kwargs)
         name, formula, data_movement = self._resolved.get(func) or self._resolve(func)
         if formula is None and not data_movement:
@@ -137,8 +134,7 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 return decomposed
         out = func(*args, **kwargs)
         phase, key = self._where()
-        if self.memory is not None:
-            self._measure(out, phase, key)
+        allocated = self._measure(out, phase, key) if self.memory is not None else 0
         if formula is None:
             if not data_movement:
                 self.uncounted[name] += 1
@@ -157,19 +153,23 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         row_key = (phase, key, name)
         row = self.tally.get(row_key)
         if row is None:
-            self.tally[row_key] = [1, cost.flops, cost.macs]
+            self.tally[row_key] = [1, cost.flops, cost.macs, allocated]
         else:
             row[0] += 1
             row[1] += cost.flops
             row[2] += cost.macs
+            row[3] += allocated
         return out
 
-    def _measure(self, out: Any, phase: str, key: StackKey) -> None:
+    def _measure(self, out: Any, phase: str, key: StackKey) -> int:
+        """Feed the op's outputs to the memory meter; the bytes it newly allocated."""
         memory = self.memory
         assert memory is not None
+        before = memory.allocated
         node = _current_autograd_node() if phase == "backward" else None
         if node is not None and node._sequence_nr() == ACCUMULATE_GRAD_SEQUENCE_NR:
             memory.track_all(out, GRADIENTS)  # what AccumulateGrad stores in .grad
         else:
             memory.track_all(out, TEMPORARIES)
         memory.sample(phase, key)
+        return memory.allocated - before

@@ -48,6 +48,8 @@ class MemoryMeter:
         self.timeline: list[tuple[str, tuple[int, ...]]] = []
         self.module_activations: dict[str, int] = {}
         self.module_peaks: dict[str, int] = {}
+        self.allocated = 0  # bytes of new storages so far: the difference across an op is what it allocated
+        self.parameters: list[tuple[str, int, int]] = []  # (name, weight bytes, gradient bytes)
         self._finalizers: list[weakref.finalize[Any, Any]] = []
         self._open = True
 
@@ -64,6 +66,7 @@ class MemoryMeter:
                 size = -(-size // self.round_to) * self.round_to
             self.live[address] = [size, category]
             self.totals[category] += size
+            self.allocated += size
             self._finalizers.append(weakref.finalize(storage, self._free, address))
         elif entry[1] != category and entry[1] not in _STICKY and not (category == ACTIVATIONS and entry[1] == GRADIENTS):
             self.totals[entry[1]] -= entry[0]
@@ -84,6 +87,13 @@ class MemoryMeter:
         if first_time and self.live[address][1] == ACTIVATIONS:
             for path in key:
                 self.module_activations[path] = self.module_activations.get(path, 0) + self.live[address][0]
+
+    def record_parameters(self, params: dict[str, torch.Tensor]) -> None:
+        """Weight and gradient bytes of each parameter, once the backward pass has made the gradients."""
+        self.parameters = [
+            (name, t.untyped_storage().nbytes(), t.grad.untyped_storage().nbytes() if t.grad is not None else 0)
+            for name, t in params.items()
+        ]
 
     def _free(self, address: int) -> None:
         entry = self.live.pop(address, None)

@@ -41,6 +41,7 @@ class MemoryReport:
     categories: list[str]
     timeline: list[tuple[str, list[int]]]
     block_bytes: int = 1
+    parameters: list[tuple[str, int, int]] = field(default_factory=list)  # (name, weight bytes, gradient bytes)
 
 
 @dataclass
@@ -94,6 +95,7 @@ class OpStats:
     flops: int = 0
     macs: int = 0
     modules: list[str] = field(default_factory=list)
+    allocated_bytes: int = 0  # new storages its calls made (0 when memory was not followed)
 
 
 @dataclass
@@ -184,5 +186,6 @@ class Profile:
         if data.get("memory") is not None:
             memory = dict(data["memory"])
             memory["timeline"] = [(phase, list(row)) for phase, row in memory["timeline"]]
+            memory["parameters"] = [tuple(entry) for entry in memory.get("parameters", [])]
             values["memory"] = MemoryReport(**memory)
         return cls(**values)

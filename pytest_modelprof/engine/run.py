@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import FormulaError, ProfileError
-from .flops import UNTRACKED, FlopMeter
+from .flops import FlopMeter
 from .memory import BUFFERS, CATEGORIES, CUDA_BLOCK, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
 from .modules import ROOT, ModuleTracker, StackKey
 from .result import MemoryReport, ModuleOp, ModuleStats, OpStats, Profile
@@ -52,8 +52,9 @@ def profile(
     With ``optimizer`` (``train=True`` only) the step goes on: ``optimizer.step()`` and
     ``zero_grad()``, run by a copy of the optimizer (same class, hyperparameters and
     state) over the run's tensors, so the caller's optimizer and its state are left as
-    they were. The figures are those of a steady-state step: where the optimizer has no
-    state yet (it creates it lazily), one untracked step creates it first.
+    they were. The figures are those of a steady-state step: an optimizer that has no
+    state yet (it creates it lazily) first takes one unmetered step on zero gradients,
+    so its state is resident from the start, as in every step after the first.
 
     ``device=None`` runs on the device of the model's parameters; ``"cpu"`` or
     ``"cuda"`` runs there (the caller's model is not moved); ``"meta"`` is analytic
@@ -93,6 +94,8 @@ def profile(
             stack.enter_context(torch.random.fork_rng(devices=[target] if target.type == "cuda" else [], device_type=target.type))
         else:
             stack.enter_context(fake_mode)
+        if run_optimizer is not None:
+            _create_state(run_optimizer)
         if train:
             tracker.watch_parameters(params)
         stack.enter_context(_restore_training_flags(training_flags))
@@ -113,7 +116,7 @@ def profile(
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(_saver(meter.memory, tracker), _identity))
         stack.enter_context(tracker)
         stack.enter_context(meter)
-        _run(model, state, run_args, run_kwargs, train, loss_fn, tracker, meter, run_optimizer)
+        _run(model, state, run_args, run_kwargs, train, loss_fn, tracker, meter, run_optimizer, params)
 
     return _build_profile(model, named_modules, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
 
@@ -225,7 +228,8 @@ def _run(
     loss_fn: Any,
     tracker: ModuleTracker,
     meter: FlopMeter,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | None,
+    parameters: dict[str, torch.Tensor],
 ) -> None:
     try:
         with torch.set_grad_enabled(train):
@@ -238,6 +242,8 @@ def _run(
     except Exception as error:
         raise _model_error(model, tracker, error) from error
     if not train:
+        if meter.memory is not None:
+            meter.memory.record_parameters(parameters)
         return
     meter.region = "loss"
     try:
@@ -255,14 +261,11 @@ def _run(
         raise
     except Exception as error:
         raise ProfileError(f"the backward pass of {type(model).__name__} raised {type(error).__name__}: {error}") from error
+    if meter.memory is not None:
+        meter.memory.record_parameters(parameters)
     if optimizer is None:
         return
     try:
-        if any(not optimizer.state.get(p) for group in optimizer.param_groups for p in group["params"] if p.grad is not None):
-            meter.region = UNTRACKED
-            optimizer.step()
-            if meter.memory is not None:  # the state that step created lives on
-                meter.memory.track_all(list(optimizer.state.values()), OPTIMIZER_STATE)
         meter.region = "optimizer"
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -296,6 +299,20 @@ def _copy_optimizer(
         if run is not None:
             copy.state[run] = {k: copy_state(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
     return copy
+
+
+def _create_state(optimizer: torch.optim.Optimizer) -> None:
+    """Make an optimizer that creates its state lazily hold it, as it does from its second
+    step on: one step on zero gradients, before the run and unmetered."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if all(optimizer.state.get(p) for p in params):
+        return
+    with torch.no_grad():
+        for param in params:
+            param.grad = torch.zeros_like(param)
+        optimizer.step()
+        for param in params:
+            param.grad = None
 
 
 def _copy_state(t: torch.Tensor, fake_mode: FakeTensorMode | None, target: torch.device) -> torch.Tensor:
@@ -364,13 +381,14 @@ def _build_profile(
     )
     modules = _module_rows(named_modules, tracker)
     ops: dict[tuple[str, str], OpStats] = {}
-    for (phase, key, name), (calls, flops, macs) in meter.tally.items():
+    for (phase, key, name), (calls, flops, macs, allocated) in meter.tally.items():
         setattr(result, f"{phase}_flops", getattr(result, f"{phase}_flops") + flops)
         setattr(result, f"{phase}_macs", getattr(result, f"{phase}_macs") + macs)
         row = ops.setdefault((name, phase), OpStats(name, phase))
         row.calls += calls
         row.flops += flops
         row.macs += macs
+        row.allocated_bytes += allocated
         if key:
             row.modules.append(key[-1])
             if phase != "loss":
@@ -401,6 +419,7 @@ def _add_memory(result: Profile, modules: dict[str, ModuleStats], memory: Memory
         categories=list(CATEGORIES),
         timeline=[(phase, list(row)) for phase, row in memory.timeline],
         block_bytes=memory.round_to,
+        parameters=memory.parameters,
     )
     result.peak_memory_bytes = memory.peak
     result.peak_activation_bytes = memory.category_max[CATEGORIES.index("activations")]

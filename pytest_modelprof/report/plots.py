@@ -45,3 +45,36 @@ def plot_module_flops(profile: Profile, path: str | Path, depth: int = 1, top: i
     axes.legend(loc="lower right")
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def plot_memory_timeline(profile: Profile, path: str | Path) -> None:
+    """Memory after each op, stacked by category, with the phases shaded and the peak marked."""
+    memory = profile.memory
+    if memory is None:
+        raise ValueError("this profile did not follow memory (profile(..., memory=True))")
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(10, 4.8), layout="constrained")
+    steps = range(len(memory.timeline))
+    series = [[row[i] for _, row in memory.timeline] for i in range(len(memory.categories))]
+    shown = [(name, values) for name, values in zip(memory.categories, series) if any(values)]
+    axes.stackplot(steps, *[values for _, values in shown], labels=[name for name, _ in shown], alpha=0.85)
+    start = 0
+    for index in range(1, len(memory.timeline) + 1):
+        if index == len(memory.timeline) or memory.timeline[index][0] != memory.timeline[start][0]:
+            phase = memory.timeline[start][0]
+            if phase != "forward":
+                axes.axvspan(start, index - 1, color="grey", alpha=0.08, lw=0)
+            axes.text((start + index - 1) / 2, 1.01, phase, transform=axes.get_xaxis_transform(), ha="center", fontsize=8)
+            start = index
+    peak = max(steps, key=lambda i: sum(memory.timeline[i][1]))
+    axes.axvline(peak, color="black", lw=0.8, ls="--")
+    axes.annotate(
+        f"peak {format_count(memory.peak_bytes, 'B')}", (peak, memory.peak_bytes), xytext=(6, -12), textcoords="offset points", fontsize=9
+    )
+    axes.set_xlabel("op")
+    axes.set_ylabel("bytes allocated")
+    axes.yaxis.set_major_formatter(lambda value, _: format_count(value, "B"))
+    axes.set_title(f"{profile.name or profile.model}: memory by category", pad=14)
+    axes.legend(loc="upper left", fontsize=8)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

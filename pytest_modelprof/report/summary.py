@@ -28,7 +28,7 @@ def summary_row(verdict: Verdict, profile: Profile | None, baseline_gflops: floa
     row.gflops = f"{gflops:.4g}" if gflops is not None else ""
     row.params = f"{profile.params:,}"
     peak = METRICS["peak_memory_mb"].measure(profile)
-    row.peak_mb = f"{peak:.1f}" if peak is not None else ""
+    row.peak_mb = f"{peak:.4g}" if peak is not None else ""
     latency = METRICS["latency_ms"].measure(profile)
     row.latency_ms = f"{latency:.3g}" if latency is not None else ""
     if baseline_gflops and gflops is not None:

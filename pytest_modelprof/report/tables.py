@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from ..engine.result import ModuleStats, Profile
 from .text import format_count, format_header
@@ -20,6 +21,7 @@ class Column:
     header: str
     value: Callable[[ModuleStats], float | None]
     share_of: Callable[[Profile], float] | None = None  # show "(x%)" of this total
+    unit: str = ""
 
 
 def module_columns(profile: Profile) -> list[Column]:
@@ -33,15 +35,19 @@ def module_columns(profile: Profile) -> list[Column]:
         columns.append(Column("bwd FLOPs", lambda m: m.backward_flops))
     if profile.recompute_flops:
         columns.append(Column("recomputed", lambda m: m.recompute_flops))
+    if profile.memory is not None:
+        if profile.train:
+            columns.append(Column("activations", lambda m: m.activation_bytes, unit="B"))
+        columns.append(Column("peak memory", lambda m: m.peak_bytes, unit="B"))
     columns.append(Column("share", lambda m: m.share))
     return columns
 
 
-def _number(value: float | None, human: bool) -> str:
+def _number(value: float | None, human: bool, unit: str = "") -> str:
     if value is None:
         return ""
     if human:
-        return format_count(value)
+        return format_count(value, unit)
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.6g}"
 
 
@@ -49,7 +55,7 @@ def _cell(column: Column, module: ModuleStats, profile: Profile, human: bool) ->
     value = column.value(module)
     if column.header == "share":
         return f"{value:.1%}" if value is not None else ""
-    text = _number(value, human)
+    text = _number(value, human, column.unit)
     if column.share_of is not None and value is not None:
         total = column.share_of(profile)
         text += f" ({value / total:.1%})" if total else ""
@@ -127,16 +133,8 @@ def format_tree_table(
         if ops:
             below = _continuation(guide)
             for op in module.ops:
-                if not op.flops:
-                    continue
-                cells = ["", _number(op.macs, human)]
-                cells += [_number(op.flops, human) if op.phase == "forward" else ""]
-                if profile.train:
-                    cells += [_number(op.flops, human) if op.phase == "backward" else ""]
-                if profile.recompute_flops:
-                    cells += [_number(op.flops, human) if op.phase == "recompute" else ""]
-                cells += [f"{op.flops / profile.flops:.1%}" if profile.flops else ""]
-                rows.append((_fit_tree(below, f"· {op.op} x{op.calls}", name_width), op.phase, cells))
+                if op.flops:
+                    rows.append((_fit_tree(below, f"· {op.op} x{op.calls}", name_width), op.phase, _op_cells(op, columns, profile, human)))
     headers = ["module", "type", *(c.header for c in columns)]
     table = [(headers[0], headers[1], headers[2:]), *rows]
     name_col = min(name_width, max(len(r[0]) for r in table))
@@ -147,6 +145,24 @@ def format_tree_table(
         figures = "  ".join(cell.rjust(width) for cell, width in zip(cells, widths))
         lines.append(f"{_fit(name, name_col)}  {_fit(kind, type_col)}  {figures}".rstrip())
     return "\n".join(lines)
+
+
+_PHASE_COLUMNS = {"fwd FLOPs": "forward", "bwd FLOPs": "backward", "recomputed": "recompute"}
+
+
+def _op_cells(op: Any, columns: list[Column], profile: Profile, human: bool) -> list[str]:
+    """An operator row under its module: its MACs, its FLOPs in its phase's column, its share."""
+    cells = []
+    for column in columns:
+        if column.header == "MACs":
+            cells.append(_number(op.macs, human))
+        elif _PHASE_COLUMNS.get(column.header) == op.phase:
+            cells.append(_number(op.flops, human))
+        elif column.header == "share" and profile.flops:
+            cells.append(f"{op.flops / profile.flops:.1%}")
+        else:
+            cells.append("")
+    return cells
 
 
 def _guides(modules: list[ModuleStats]) -> list[str]:
@@ -226,18 +242,65 @@ def format_top(
 
 
 def format_op_table(profile: Profile, top: int | None = None, human: bool = True, module_width: int = 60) -> str:
-    """One row per operator and phase: calls, FLOPs, MACs, share, the modules it ran in."""
-    rows = [("operator", "phase", "calls", "FLOPs", "MACs", "share", "modules")]
+    """One row per operator and phase: calls, FLOPs, MACs, share, bytes allocated (when
+    memory was followed), the modules it ran in."""
+    memory = profile.memory is not None
+    headers = ("operator", "phase", "calls", "FLOPs", "MACs", "share", *(("allocated",) if memory else ()), "modules")
+    rows = [headers]
     for op in profile.ops[:top] if top else profile.ops:
         share = f"{op.flops / profile.flops:.1%}" if profile.flops else ""
         modules = ", ".join(m or "(model)" for m in op.modules) or "(outside the model)"
-        rows.append((op.op, op.phase, str(op.calls), _number(op.flops, human), _number(op.macs, human), share, _fit(modules, module_width)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        allocated = (_number(op.allocated_bytes, human, "B"),) if memory else ()
+        rows.append(
+            (
+                op.op,
+                op.phase,
+                str(op.calls),
+                _number(op.flops, human),
+                _number(op.macs, human),
+                share,
+                *allocated,
+                _fit(modules, module_width),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
     lines = []
     for row in rows:
         left = f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}"
-        numbers = "  ".join(cell.rjust(width) for cell, width in zip(row[2:6], widths[2:6]))
-        lines.append(f"{left}  {numbers}  {row[6]}".rstrip())
+        numbers = "  ".join(cell.rjust(width) for cell, width in zip(row[2:-1], widths[2:-1]))
+        lines.append(f"{left}  {numbers}  {row[-1]}".rstrip())
+    return "\n".join(lines)
+
+
+def format_memory_report(profile: Profile, top_parameters: int = 10) -> str:
+    """The peak and what it is made of, each category's maximum, and parameter by
+    parameter the weight and gradient bytes: what tuning a batch size needs."""
+    memory = profile.memory
+    if memory is None:
+        raise ValueError("this profile did not follow memory (profile(..., memory=True))")
+    where = f"in {memory.peak_phase}" + (f", in module {memory.peak_module!r}" if memory.peak_module else "")
+    blocks = f", CUDA allocations rounded to {memory.block_bytes}-byte blocks" if memory.block_bytes > 1 else ""
+    lines = [
+        f"memory of {profile.name or profile.model} (bytes allocated{blocks})",
+        f"  peak {format_count(memory.peak_bytes, 'B')} {where}",
+    ]
+    width = max(len(c) for c in memory.categories)
+    lines.append(f"  {'category':<{width}}  {'at the peak':>11}  {'share':>6}  {'own maximum':>11}")
+    for category in memory.categories:
+        at_peak = memory.peak_breakdown[category]
+        share = f"{at_peak / memory.peak_bytes:.1%}" if memory.peak_bytes else ""
+        lines.append(
+            f"  {category:<{width}}  {format_count(at_peak, 'B'):>11}  {share:>6}  {format_count(memory.category_max[category], 'B'):>11}"
+        )
+    largest = sorted(memory.parameters, key=lambda p: (-p[1], p[0]))[:top_parameters]
+    if largest:
+        name_width = max(len(name) for name, _, _ in largest)
+        lines.append(f"  {'parameter':<{name_width}}  {'weight':>10}  {'gradient':>10}")
+        for name, weight, gradient in largest:
+            lines.append(f"  {name:<{name_width}}  {format_count(weight, 'B'):>10}  {format_count(gradient, 'B'):>10}")
+        if len(memory.parameters) > len(largest):
+            rest = memory.parameters[top_parameters:]
+            lines.append(f"  ... {len(rest)} more parameters")
     return "\n".join(lines)
 
 
@@ -246,4 +309,6 @@ def format_profile(profile: Profile, depth: int = 2, top_ops: int = 8, human: bo
     parts = [format_header(profile), format_tree_table(profile, depth=depth, human=human)]
     if top_ops:
         parts.append(format_op_table(profile, top=top_ops, human=human))
+    if profile.memory is not None and profile.train:
+        parts.append(format_memory_report(profile, top_parameters=5))
     return "\n\n".join(parts)
