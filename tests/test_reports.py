@@ -173,3 +173,15 @@ def test_memory_timeline_plot(tmp_path):
     path = tmp_path / "memory.png"
     plot_memory_timeline(profile(Net(), X, train=True), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_top_types_by_activation_memory_and_memory_in_csv():
+    result = profile(Net(), X, train=True)
+    # at depth 2 only the ReLU saves a tensor of its own: its 2 x 16 float32 output
+    assert top_module_types(result, "activation_bytes", depth=2, k=1) == [("ReLU", 4 * 2 * 16, 1)]
+    assert "top 3 by activation_bytes: ReLU 128 B" in format_top(result, depths=[2])
+    modules = io.StringIO()
+    write_modules_csv(result, modules)
+    rows = {row["path"]: row for row in csv.DictReader(io.StringIO(modules.getvalue()))}
+    assert int(rows["encoder.1"]["activation_bytes"]) == 4 * 2 * 16
+    assert int(rows[""]["peak_bytes"]) == result.peak_memory_bytes

@@ -21,12 +21,14 @@ MODULE_FIELDS = (
     "self_forward_flops",
     "self_backward_flops",
     "share",
+    "activation_bytes",
+    "peak_bytes",
 )
-OP_FIELDS = ("op", "phase", "calls", "flops", "macs", "modules")
+OP_FIELDS = ("op", "phase", "calls", "flops", "macs", "allocated_bytes", "modules")
 
 
 def write_modules_csv(profile: Profile, out: TextIO) -> None:
-    """One row per module path, in tree order."""
+    """One row per module path, in tree order (memory columns are 0 when memory was not followed)."""
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(MODULE_FIELDS)
     for module in profile.modules:
@@ -38,4 +40,4 @@ def write_ops_csv(profile: Profile, out: TextIO) -> None:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(OP_FIELDS)
     for op in profile.ops:
-        writer.writerow([op.op, op.phase, op.calls, op.flops, op.macs, ";".join(op.modules)])
+        writer.writerow([op.op, op.phase, op.calls, op.flops, op.macs, op.allocated_bytes, ";".join(op.modules)])

@@ -206,6 +206,7 @@ TOP_METRICS: dict[str, Callable[[ModuleStats], float]] = {
     "macs": lambda m: m.macs,
     "flops": lambda m: m.flops,
     "forward_flops": lambda m: m.forward_flops,
+    "activation_bytes": lambda m: m.activation_bytes,
 }
 
 
@@ -223,18 +224,20 @@ def top_module_types(profile: Profile, metric: str = "flops", depth: int = 1, k:
     return [(kind, value, int(count)) for kind, (value, count) in ranked]
 
 
-def format_top(
-    profile: Profile, k: int = 3, depths: Iterable[int] | None = None, metrics: Iterable[str] = ("params", "macs", "flops")
-) -> str:
-    """Top-k module types by each metric at each depth, as DeepSpeed's profiler lists them."""
+def format_top(profile: Profile, k: int = 3, depths: Iterable[int] | None = None, metrics: Iterable[str] | None = None) -> str:
+    """Top-k module types by each metric at each depth, as DeepSpeed's profiler lists them
+    (by default params, MACs, FLOPs, and activation bytes when memory was followed in training)."""
+    if metrics is None:
+        metrics = ("params", "macs", "flops", *(("activation_bytes",) if profile.memory is not None and profile.train else ()))
     deepest = max((m.depth for m in profile.modules), default=0)
     lines = []
     for depth in depths if depths is not None else range(1, deepest + 1):
         lines.append(f"depth {depth}:")
         for metric in metrics:
             total = TOP_METRICS[metric](profile.modules[0]) if profile.modules else 0
+            unit = "B" if metric.endswith("_bytes") else ""
             entries = ", ".join(
-                f"{kind} {format_count(value)} ({value / total:.1%}{f', {count} modules' if count > 1 else ''})" if total else kind
+                f"{kind} {format_count(value, unit)} ({value / total:.1%}{f', {count} modules' if count > 1 else ''})" if total else kind
                 for kind, value, count in top_module_types(profile, metric, depth, k)
             )
             lines.append(f"  top {k} by {metric}: {entries}")
