@@ -55,7 +55,8 @@ def peak_rss_only_ours() -> float:
         f"import resource, sys, torch; sys.path.insert(0, {str(ROOT)!r})\n"
         "from benchmarks.analytic_llama7b import build, ours, SEQUENCE\n"
         "ours(build(), torch.randint(0, 32000, (1, SEQUENCE)))\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        # VmHWM belongs to this address space; ru_maxrss would carry the parent's peak over fork and exec
+        "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')))\n"
     )
     output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return int(output.split()[-1]) * 1024 / 1e9

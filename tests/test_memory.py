@@ -124,3 +124,27 @@ def test_no_finalizer_outlives_the_run():
 def test_memory_can_be_left_out():
     result = profile(stack(), torch.randn(N, A), memory=False)
     assert result.memory is None and result.peak_memory_bytes is None
+
+
+def test_a_module_called_twice_keeps_both_calls_activations():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(A, A, bias=False), nn.ReLU())
+
+        def forward(self, x):
+            return self.block(self.block(x))
+
+    result = profile(Twice(), torch.randn(N, A), train=True)
+    # each call saves its ReLU output, and the second call's Linear saves the first's:
+    # two N x A float32 tensors, both alive until the backward pass
+    assert result.peak_activation_bytes == 2 * 4 * N * A
+    assert result.module("block").activation_bytes == 2 * 4 * N * A
+
+
+def test_half_precision_parameters_take_half_the_bytes():
+    full = profile(stack(), torch.randn(N, A), train=True)
+    half = profile(stack().to(torch.bfloat16), torch.randn(N, A, dtype=torch.bfloat16), train=True)
+    assert half.memory.category_max["parameters"] * 2 == full.memory.category_max["parameters"]
+    assert half.memory.category_max["gradients"] * 2 == full.memory.category_max["gradients"]
+    assert half.peak_activation_bytes * 2 == full.peak_activation_bytes

@@ -1,0 +1,137 @@
+"""Cost of following memory (with FLOPs, in the same pass), measured in one run.
+
+1. A real CPU training step of ResNet-50, batch 8: plain step against ``profile(train=True)``
+   (FLOPs and memory). Goal: at most 1.5x.
+2. An analytic AdamW training step of the Llama-style 7B model (examples/llama.py,
+   sequence 2048): ``profile()`` against the same fake-tensor step run untracked
+   (goal: at most 3x) and against PyTorch's MemTracker on the same step (goal: at least
+   3x faster); its parameter, gradient and optimizer-state bytes against the closed form.
+   Peak RSS (goal: under 1.5 GB) is read in a fresh process running only our profile.
+
+    python benchmarks/memory_tracking.py [--repeats 3] [--skip-resnet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from examples.llama import Llama, LlamaConfig  # noqa: E402
+from pytest_modelprof import profile  # noqa: E402
+
+SEQUENCE = 2048
+
+
+def best_of(repeats: int, fn) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def resnet(repeats: int) -> None:
+    model, x = torchvision.models.resnet50(), torch.randn(8, 3, 224, 224)
+
+    def plain() -> None:
+        model.train()
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    plain()
+    profile(model, x, train=True)
+    base = best_of(repeats, plain)
+    ours = best_of(repeats, lambda: profile(model, x, train=True))
+    print(f"ResNet-50 batch 8, real CPU training step (best of {repeats})")
+    print(f"  plain step {base:.2f} s; profile (FLOPs + memory) {ours:.2f} s: {ours / base:.2f}x (goal <= 1.5x)")
+
+
+def fake_llama() -> tuple[FakeTensorMode, Llama, torch.Tensor, torch.optim.Optimizer]:
+    mode = FakeTensorMode()
+    with mode:
+        model = Llama(LlamaConfig.llama_7b())
+        tokens = torch.randint(0, 32000, (1, SEQUENCE))
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    return mode, model, tokens, optimizer
+
+
+def untracked_step(mode: FakeTensorMode, model: Llama, tokens: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+    with mode:
+        model(tokens).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def mem_tracker_step(mode: FakeTensorMode, model: Llama, tokens: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with mode, tracker:
+        model(tokens).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def ours(model: Llama, tokens: torch.Tensor, optimizer: torch.optim.Optimizer) -> object:
+    return profile(model, tokens, train=True, optimizer=optimizer)
+
+
+def llama(repeats: int) -> None:
+    mode, model, tokens, optimizer = fake_llama()
+    untracked_step(mode, model, tokens, optimizer)  # the optimizer's state now exists
+    result = ours(model, tokens, optimizer)
+    base = best_of(repeats, lambda: untracked_step(mode, model, tokens, optimizer))
+    measured = best_of(repeats, lambda: ours(model, tokens, optimizer))
+    tracker = best_of(1, lambda: mem_tracker_step(mode, model, tokens, optimizer))
+    params = sum(p.numel() for p in model.parameters())
+    memory = result.memory
+    print(f"Llama-style 7B, AdamW step, sequence {SEQUENCE}, fake tensors (best of {repeats}; MemTracker once)")
+    print(f"  untracked step {base:.2f} s; profile (FLOPs + memory) {measured:.2f} s: {measured / base:.2f}x (goal <= 3x)")
+    print(f"  MemTracker {tracker:.2f} s: profile is {tracker / measured:.1f}x faster (goal >= 3x)")
+    print(f"  peak {memory.peak_bytes / 1e9:.2f} GB in {memory.peak_phase}; breakdown at the peak (GB):")
+    print("   ", ", ".join(f"{k} {v / 1e9:.3f}" for k, v in memory.peak_breakdown.items()))
+    steps = 4 * len(list(model.parameters()))
+    for category, closed in (("parameters", 4 * params), ("gradients", 4 * params), ("optimizer_state", 2 * 4 * params + steps)):
+        got = memory.category_max[category]
+        print(f"  {category}: {got} bytes, closed form {closed}: {'exact' if got == closed else 'DIFFERENT'}")
+    print(f"  peak RSS of a process running only this profile: {peak_rss_only_ours():.2f} GB (goal < 1.5 GB)")
+
+
+def peak_rss_only_ours() -> float:
+    code = (
+        f"import resource, sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from benchmarks.memory_tracking import fake_llama, ours\n"
+        "mode, model, tokens, optimizer = fake_llama()\n"
+        "ours(model, tokens, optimizer)\n"
+        # VmHWM belongs to this address space; ru_maxrss would carry the parent's peak over fork and exec
+        "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')))\n"
+    )
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return int(output.split()[-1]) * 1024 / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-resnet", action="store_true")
+    options = parser.parse_args()
+    if not options.skip_resnet:
+        resnet(options.repeats)
+    llama(options.repeats)
+    print(f"this process's peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()
