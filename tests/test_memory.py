@@ -148,3 +148,33 @@ def test_half_precision_parameters_take_half_the_bytes():
     assert half.memory.category_max["parameters"] * 2 == full.memory.category_max["parameters"]
     assert half.memory.category_max["gradients"] * 2 == full.memory.category_max["gradients"]
     assert half.peak_activation_bytes * 2 == full.peak_activation_bytes
+
+
+def test_inference_with_grad_enabled_keeps_what_autograd_saves():
+    with_grad = profile(stack(), torch.randn(N, A), no_grad=False)
+    assert with_grad.peak_activation_bytes == 4 * N * B  # the ReLU output, as in training
+    assert with_grad.backward_flops == 0
+    assert profile(stack(), torch.randn(N, A)).peak_activation_bytes == 0
+
+
+@pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
+def test_gradients_zeroed_in_place_are_resident_from_the_start(device):
+    model = stack()
+    freed = profile(model, torch.randn(N, A), train=True, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), device=device)
+    zeroed = profile(
+        model, torch.randn(N, A), train=True, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), set_to_none=False, device=device
+    )
+    first_phase, first_row = zeroed.memory.timeline[0]
+    gradients = zeroed.memory.categories.index("gradients")
+    assert first_phase == "forward" and first_row[gradients] == PARAM_BYTES
+    assert freed.memory.timeline[0][1][gradients] == 0
+    assert zeroed.peak_memory_bytes > freed.peak_memory_bytes
+    # backward adds the new gradients into the zeroed ones: one add per weight
+    assert zeroed.backward_flops == freed.backward_flops + PARAM_BYTES // 4
+
+
+def test_set_to_none_belongs_to_a_training_step():
+    from pytest_modelprof import ProfileError
+
+    with pytest.raises(ProfileError, match="pass train=True"):
+        profile(stack(), torch.randn(N, A), set_to_none=False)

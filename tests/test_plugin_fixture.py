@@ -70,7 +70,11 @@ def test_unknown_option_is_a_clear_error(pytester):
     )
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*unknown model_profile option 'trian'; expected name= or one of: train, loss_fn, device, optimizer*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*unknown model_profile option 'trian'; expected name= or one of: train, loss_fn, device, optimizer, memory, no_grad, set_to_none*"
+        ]
+    )
 
 
 def test_two_tests_cannot_share_a_profile_name(pytester):

@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import FormulaError, ProfileError
 from .flops import FlopMeter
-from .memory import BUFFERS, CATEGORIES, CUDA_BLOCK, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
+from .memory import BUFFERS, CATEGORIES, CUDA_BLOCK, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
 from .modules import ROOT, ModuleTracker, StackKey
 from .result import MemoryReport, ModuleOp, ModuleStats, OpStats, Profile
 
@@ -40,6 +40,8 @@ def profile(
     device: str | torch.device | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     memory: bool = True,
+    no_grad: bool = True,
+    set_to_none: bool = True,
 ) -> Profile:
     """Profile one forward pass (``train=False``) or one training step of ``model``.
 
@@ -62,12 +64,18 @@ def profile(
 
     ``memory=True`` follows memory in the same pass (``Profile.memory``,
     ``peak_memory_bytes``, ``peak_activation_bytes``); ``memory=False`` counts FLOPs only.
+    ``no_grad=False`` runs inference with grad enabled (what autograd saves is kept, as
+    when a forward pass is not wrapped in ``torch.no_grad()``). ``set_to_none=False``
+    makes the step's ``zero_grad`` zero gradients in place instead of freeing them: they
+    are then resident from the start of the step, as in every step after the first.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
     args, kwargs = _split_inputs(inputs)
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if not set_to_none and not train:
+        raise ProfileError("set_to_none=False describes the gradients of a training step: pass train=True")
     if optimizer is not None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -96,6 +104,11 @@ def profile(
             stack.enter_context(fake_mode)
         if run_optimizer is not None:
             _create_state(run_optimizer)
+        if not set_to_none:
+            with torch.no_grad():
+                for tensor in params.values():
+                    if tensor.requires_grad:
+                        tensor.grad = torch.zeros_like(tensor)
         if train:
             tracker.watch_parameters(params)
         stack.enter_context(_restore_training_flags(training_flags))
@@ -110,13 +123,27 @@ def profile(
             meter.memory.track_all(named_params if in_place else params, PARAMETERS)
             meter.memory.track_all(named_buffers if in_place else buffers, BUFFERS)
             meter.memory.track_all((run_args, run_kwargs), INPUTS)
+            meter.memory.track_all([t.grad for t in params.values() if t.grad is not None], GRADIENTS)
             if run_optimizer is not None:
                 meter.memory.track_all(list(run_optimizer.state.values()), OPTIMIZER_STATE)
             stack.callback(meter.memory.close)
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(_saver(meter.memory, tracker), _identity))
         stack.enter_context(tracker)
         stack.enter_context(meter)
-        _run(model, state, run_args, run_kwargs, train, loss_fn, tracker, meter, run_optimizer, params)
+        _run(
+            model,
+            state,
+            run_args,
+            run_kwargs,
+            train,
+            loss_fn,
+            tracker,
+            meter,
+            run_optimizer,
+            params,
+            grad=train or not no_grad,
+            set_to_none=set_to_none,
+        )
 
     return _build_profile(model, named_modules, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
 
@@ -230,9 +257,11 @@ def _run(
     meter: FlopMeter,
     optimizer: torch.optim.Optimizer | None,
     parameters: dict[str, torch.Tensor],
+    grad: bool,
+    set_to_none: bool,
 ) -> None:
     try:
-        with torch.set_grad_enabled(train):
+        with torch.set_grad_enabled(grad):
             if state is None:
                 output = model(*args, **kwargs)
             else:
@@ -268,7 +297,7 @@ def _run(
     try:
         meter.region = "optimizer"
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=set_to_none)
     except FormulaError:
         raise
     except Exception as error:
