@@ -21,7 +21,7 @@ from .session import ModelprofSession
 STATE = pytest.StashKey[ModelprofSession]()
 _FORMULAS = pytest.StashKey[list[Any]]()
 DEFAULT_BUDGETS = "budgets"
-PROFILE_OPTIONS = ("train", "loss_fn", "device", "optimizer", "memory", "no_grad", "set_to_none")
+PROFILE_OPTIONS = ("train", "loss_fn", "device", "optimizer", "memory", "no_grad", "set_to_none", "autocast")
 
 # (name, kind, help): each is --modelprof-<name> on the command line and modelprof_<name> in the ini file
 OPTIONS = (
@@ -104,7 +104,7 @@ class ModelProfiler:
         ``name`` is the profile's key in the budget files; by default the test's node id
         (``#2``, ``#3``... for later unnamed profiles of the same test). ``options`` are
         :func:`pytest_modelprof.profile`'s: ``train``, ``loss_fn``, ``device``, ``optimizer``,
-        ``memory``, ``no_grad``, ``set_to_none``.
+        ``memory``, ``no_grad``, ``set_to_none``, ``autocast``.
         """
         _check_options(options)
         self._made += 1

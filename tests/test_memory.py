@@ -178,3 +178,13 @@ def test_set_to_none_belongs_to_a_training_step():
 
     with pytest.raises(ProfileError, match="pass train=True"):
         profile(stack(), torch.randn(N, A), set_to_none=False)
+
+
+@pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
+def test_autocast_saves_half_precision_activations(device):
+    full = profile(stack(), torch.randn(N, A), train=True, device=device)
+    mixed = profile(stack(), torch.randn(N, A), train=True, autocast=torch.bfloat16, device=device)
+    assert full.module("1").activation_bytes == 4 * N * B
+    assert mixed.module("1").activation_bytes == 2 * N * B  # the ReLU keeps its bf16 output
+    assert mixed.memory.category_max["gradients"] == PARAM_BYTES  # fp32 weights get fp32 gradients
+    assert mixed.forward_flops == full.forward_flops

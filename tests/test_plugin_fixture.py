@@ -72,7 +72,7 @@ def test_unknown_option_is_a_clear_error(pytester):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*unknown model_profile option 'trian'; expected name= or one of: train, loss_fn, device, optimizer, memory, no_grad, set_to_none*"
+            "*unknown model_profile option 'trian'; expected name= or one of: train, loss_fn, device, optimizer, memory, no_grad, set_to_none, autocast*"
         ]
     )
 

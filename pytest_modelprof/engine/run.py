@@ -42,6 +42,7 @@ def profile(
     memory: bool = True,
     no_grad: bool = True,
     set_to_none: bool = True,
+    autocast: torch.dtype | None = None,
 ) -> Profile:
     """Profile one forward pass (``train=False``) or one training step of ``model``.
 
@@ -68,6 +69,8 @@ def profile(
     when a forward pass is not wrapped in ``torch.no_grad()``). ``set_to_none=False``
     makes the step's ``zero_grad`` zero gradients in place instead of freeing them: they
     are then resident from the start of the step, as in every step after the first.
+    ``autocast=torch.bfloat16`` (or ``torch.float16``) runs the forward pass and the loss
+    under ``torch.autocast`` on the run's device, as mixed-precision training does.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
@@ -143,6 +146,7 @@ def profile(
             params,
             grad=train or not no_grad,
             set_to_none=set_to_none,
+            autocast=torch.autocast(target.type, dtype=autocast) if autocast is not None else contextlib.nullcontext(),
         )
 
     return _build_profile(model, named_modules, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
@@ -259,9 +263,10 @@ def _run(
     parameters: dict[str, torch.Tensor],
     grad: bool,
     set_to_none: bool,
+    autocast: Any,
 ) -> None:
     try:
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), autocast:
             if state is None:
                 output = model(*args, **kwargs)
             else:
@@ -276,7 +281,8 @@ def _run(
         return
     meter.region = "loss"
     try:
-        loss = loss_fn(output) if loss_fn is not None else _sum_of_outputs(output)
+        with autocast:
+            loss = loss_fn(output) if loss_fn is not None else _sum_of_outputs(output)
     except Exception as error:
         raise ProfileError(f"the loss function raised {type(error).__name__}: {error}") from error
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
