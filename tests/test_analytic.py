@@ -22,7 +22,7 @@ def figures(result):
     for key in ("device", "analytic", *MEMORY_FIELDS):
         del data[key]
     for module in data["modules"]:
-        del module["activation_bytes"], module["peak_bytes"]
+        del module["activation_bytes"], module["forward_peak_bytes"], module["backward_peak_bytes"]
     data["ops"] = [{k: v for k, v in op.items() if k != "allocated_bytes"} for op in data["ops"] if op["flops"]]
     for module in data["modules"]:
         module["ops"] = [op for op in module["ops"] if op["flops"]]
@@ -111,7 +111,7 @@ def memory_figures(result):
         result.memory.peak_module,
         result.memory.peak_breakdown,
         result.memory.category_max,
-        [(m.path, m.activation_bytes, m.peak_bytes) for m in result.modules],
+        [(m.path, m.activation_bytes, m.forward_peak_bytes, m.backward_peak_bytes) for m in result.modules],
     )
 
 

@@ -14,7 +14,7 @@ def flop_figures(result):
     for key in ("device", "analytic", "memory", "peak_memory_bytes", "peak_activation_bytes"):
         del data[key]
     for module in data["modules"]:
-        del module["activation_bytes"], module["peak_bytes"]
+        del module["activation_bytes"], module["forward_peak_bytes"], module["backward_peak_bytes"]
     data["ops"] = [{k: v for k, v in op.items() if k != "allocated_bytes"} for op in data["ops"] if op["flops"]]
     for module in data["modules"]:
         module["ops"] = [op for op in module["ops"] if op["flops"]]

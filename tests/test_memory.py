@@ -188,3 +188,13 @@ def test_autocast_saves_half_precision_activations(device):
     assert mixed.module("1").activation_bytes == 2 * N * B  # the ReLU keeps its bf16 output
     assert mixed.memory.category_max["gradients"] == PARAM_BYTES  # fp32 weights get fp32 gradients
     assert mixed.forward_flops == full.forward_flops
+
+
+def test_module_peaks_in_forward_and_backward():
+    result = profile(stack(), torch.randn(N, A), train=True)
+    head = result.module("2")
+    # its forward runs with the weights, the input, and the ReLU output alive, and makes
+    # its N x C output; its backward runs later, with gradients around
+    assert head.forward_peak_bytes == PARAM_BYTES + 4 * N * A + 4 * N * B + 4 * N * C
+    assert head.backward_peak_bytes > 0
+    assert result.module("").peak_bytes == result.peak_memory_bytes

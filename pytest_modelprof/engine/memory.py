@@ -47,7 +47,7 @@ class MemoryMeter:
         self.peak_where: tuple[str, StackKey] = ("forward", ())
         self.timeline: list[tuple[str, tuple[int, ...]]] = []
         self.module_activations: dict[str, int] = {}
-        self.module_peaks: dict[str, int] = {}
+        self.module_peaks: dict[tuple[str, bool], int] = {}  # (path, in backward) -> most bytes in use
         self.allocated = 0  # bytes of new storages so far: the difference across an op is what it allocated
         self.parameters: list[tuple[str, int, int]] = []  # (name, weight bytes, gradient bytes)
         self._finalizers: list[weakref.finalize[Any, Any]] = []
@@ -114,9 +114,10 @@ class MemoryMeter:
             self.peak = total
             self.peak_breakdown = list(totals)
             self.peak_where = (phase, key)
+        backward = phase in ("backward", "recompute")
         for path in key:
-            if total > self.module_peaks.get(path, 0):
-                self.module_peaks[path] = total
+            if total > self.module_peaks.get((path, backward), 0):
+                self.module_peaks[(path, backward)] = total
 
     def close(self) -> None:
         """Stop following storages: no finalizer outlives the run."""

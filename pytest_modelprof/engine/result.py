@@ -68,7 +68,13 @@ class ModuleStats:
     share: float = 0.0
     ops: list[ModuleOp] = field(default_factory=list)
     activation_bytes: int = 0  # saved for backward by its ops (and its children's)
-    peak_bytes: int = 0  # the most memory in use while it ran, forward or backward
+    forward_peak_bytes: int = 0  # the most memory in use while its forward ran
+    backward_peak_bytes: int = 0  # ... while its backward ran (recomputation included)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most memory in use while it ran, forward or backward."""
+        return max(self.forward_peak_bytes, self.backward_peak_bytes)
 
     @property
     def flops(self) -> int:

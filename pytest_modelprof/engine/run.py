@@ -460,7 +460,8 @@ def _add_memory(result: Profile, modules: dict[str, ModuleStats], memory: Memory
     result.peak_activation_bytes = memory.category_max[CATEGORIES.index("activations")]
     for path, stats in modules.items():
         stats.activation_bytes = memory.module_activations.get(path, 0)
-        stats.peak_bytes = memory.module_peaks.get(path, 0)
+        stats.forward_peak_bytes = memory.module_peaks.get((path, False), 0)
+        stats.backward_peak_bytes = memory.module_peaks.get((path, True), 0)
 
 
 def _module_rows(named_modules: list[tuple[str, nn.Module]], tracker: ModuleTracker) -> dict[str, ModuleStats]:

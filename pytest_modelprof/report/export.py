@@ -22,7 +22,8 @@ MODULE_FIELDS = (
     "self_backward_flops",
     "share",
     "activation_bytes",
-    "peak_bytes",
+    "forward_peak_bytes",
+    "backward_peak_bytes",
 )
 OP_FIELDS = ("op", "phase", "calls", "flops", "macs", "allocated_bytes", "modules")
 
