@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.rss import peak_rss_gb  # noqa: E402
 from examples.llama import Llama, LlamaConfig  # noqa: E402
 from pytest_modelprof import profile  # noqa: E402
 
@@ -51,15 +51,11 @@ def torch_counter(model: Llama, tokens: torch.Tensor) -> int:
 
 
 def peak_rss_only_ours() -> float:
-    code = (
-        f"import resource, sys, torch; sys.path.insert(0, {str(ROOT)!r})\n"
+    return peak_rss_gb(
+        f"import sys, torch; sys.path.insert(0, {str(ROOT)!r})\n"
         "from benchmarks.analytic_llama7b import build, ours, SEQUENCE\n"
         "ours(build(), torch.randint(0, 32000, (1, SEQUENCE)))\n"
-        # VmHWM belongs to this address space; ru_maxrss would carry the parent's peak over fork and exec
-        "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')))\n"
     )
-    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    return int(output.split()[-1]) * 1024 / 1e9
 
 
 def main() -> None:

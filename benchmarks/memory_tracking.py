@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.rss import peak_rss_gb  # noqa: E402
 from examples.llama import Llama, LlamaConfig  # noqa: E402
 from pytest_modelprof import profile  # noqa: E402
 
@@ -110,16 +110,12 @@ def llama(repeats: int) -> None:
 
 
 def peak_rss_only_ours() -> float:
-    code = (
-        f"import resource, sys; sys.path.insert(0, {str(ROOT)!r})\n"
+    return peak_rss_gb(
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
         "from benchmarks.memory_tracking import fake_llama, ours\n"
         "mode, model, tokens, optimizer = fake_llama()\n"
         "ours(model, tokens, optimizer)\n"
-        # VmHWM belongs to this address space; ru_maxrss would carry the parent's peak over fork and exec
-        "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')))\n"
     )
-    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    return int(output.split()[-1]) * 1024 / 1e9
 
 
 def main() -> None:

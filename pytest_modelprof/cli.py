@@ -133,10 +133,8 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
     with progress("building the model"):
         model = build_model(factory, kwargs, analytic=device == "meta")
     dtype = DTYPES[options.dtype]
-    if dtype.is_floating_point:
-        inputs = tuple(torch.randn(shape, dtype=dtype, device="meta" if model_on_meta(model) else "cpu") for shape in shapes)
-    else:
-        inputs = tuple(torch.zeros(shape, dtype=dtype, device="meta" if model_on_meta(model) else "cpu") for shape in shapes)
+    make = torch.randn if dtype.is_floating_point else torch.zeros  # zeros: valid indices for any embedding
+    inputs = tuple(make(shape, dtype=dtype, device="meta" if model_on_meta(model) else "cpu") for shape in shapes)
     if dtype.is_floating_point and dtype != torch.float32:
         model = model.to(dtype)
     optimizer = OPTIMIZERS[options.optimizer](model.parameters()) if options.optimizer else None

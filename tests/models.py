@@ -55,3 +55,20 @@ def workloads():
         ("transformer", TinyTransformer, torch.randint(0, 50, (2, 12))),
         ("lstm", TinyLSTM, torch.randn(2, 9, 12)),
     ]
+
+
+MEMORY_FIELDS = ("memory", "peak_memory_bytes", "peak_activation_bytes")
+
+
+def flop_figures(result):
+    """A profile's FLOP figures: everything but where it ran, memory (tested apart), and
+    the zero-FLOP bookkeeping ops (copies, detaches), whose calls legitimately differ
+    between fake and real kernels."""
+    data = result.to_dict()
+    for key in ("device", "analytic", *MEMORY_FIELDS):
+        del data[key]
+    for module in data["modules"]:
+        del module["activation_bytes"], module["forward_peak_bytes"], module["backward_peak_bytes"]
+        module["ops"] = [op for op in module["ops"] if op["flops"]]
+    data["ops"] = [{k: v for k, v in op.items() if k != "allocated_bytes"} for op in data["ops"] if op["flops"]]
+    return data

@@ -8,25 +8,8 @@ import torchvision
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from models import TinyCNN, TinyTransformer, workloads
+from models import TinyCNN, TinyTransformer, flop_figures, workloads
 from pytest_modelprof import profile
-
-MEMORY_FIELDS = ("memory", "peak_memory_bytes", "peak_activation_bytes")
-
-
-def figures(result):
-    """The FLOP figures: everything but where it ran, memory (tested apart), and the
-    zero-FLOP bookkeeping ops (copies, detaches), whose calls legitimately differ
-    between fake and real kernels."""
-    data = result.to_dict()
-    for key in ("device", "analytic", *MEMORY_FIELDS):
-        del data[key]
-    for module in data["modules"]:
-        del module["activation_bytes"], module["forward_peak_bytes"], module["backward_peak_bytes"]
-    data["ops"] = [{k: v for k, v in op.items() if k != "allocated_bytes"} for op in data["ops"] if op["flops"]]
-    for module in data["modules"]:
-        module["ops"] = [op for op in module["ops"] if op["flops"]]
-    return data
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
@@ -37,21 +20,21 @@ def test_analytic_equals_real(name, factory, inputs, train):
     analytic = profile(model, inputs, train=train, device="meta")
     assert analytic.analytic and not real.analytic
     assert real.uncounted == {}
-    assert figures(analytic) == figures(real)
+    assert flop_figures(analytic) == flop_figures(real)
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_analytic_equals_real_on_resnet18(train):
     model = torchvision.models.resnet18(num_classes=10)
     x = torch.randn(1, 3, 64, 64)
-    assert figures(profile(model, x, train=train, device="meta")) == figures(profile(model, x, train=train))
+    assert flop_figures(profile(model, x, train=train, device="meta")) == flop_figures(profile(model, x, train=train))
 
 
 def test_model_built_on_meta_matches_the_same_model_on_cpu():
     with torch.device("meta"):
         on_meta = TinyTransformer()
     tokens = torch.randint(0, 50, (2, 12))
-    assert figures(profile(on_meta, tokens, device="meta")) == figures(profile(TinyTransformer(), tokens))
+    assert flop_figures(profile(on_meta, tokens, device="meta")) == flop_figures(profile(TinyTransformer(), tokens))
 
 
 def test_model_and_inputs_already_fake():
@@ -61,7 +44,7 @@ def test_model_and_inputs_already_fake():
         images = torch.randn(2, 3, 16, 16)
     result = profile(model, images, train=True)
     assert result.analytic
-    assert figures(result) == figures(profile(TinyCNN(), torch.randn(2, 3, 16, 16), train=True))
+    assert flop_figures(result) == flop_figures(profile(TinyCNN(), torch.randn(2, 3, 16, 16), train=True))
 
 
 def test_analytic_mode_allocates_nothing():
@@ -100,7 +83,7 @@ def test_tensors_held_outside_parameters_and_buffers():
             return self.lin(x) @ self.mask
 
     x = torch.randn(2, 6)
-    assert figures(profile(PlainAttribute(), x, device="meta")) == figures(profile(PlainAttribute(), x))
+    assert flop_figures(profile(PlainAttribute(), x, device="meta")) == flop_figures(profile(PlainAttribute(), x))
 
 
 def memory_figures(result):

@@ -3,22 +3,10 @@
 import pytest
 import torch
 
-from models import TinyCNN, TinyTransformer
+from models import TinyCNN, TinyTransformer, flop_figures
 from pytest_modelprof import profile
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def flop_figures(result):
-    data = result.to_dict()
-    for key in ("device", "analytic", "memory", "peak_memory_bytes", "peak_activation_bytes"):
-        del data[key]
-    for module in data["modules"]:
-        del module["activation_bytes"], module["forward_peak_bytes"], module["backward_peak_bytes"]
-    data["ops"] = [{k: v for k, v in op.items() if k != "allocated_bytes"} for op in data["ops"] if op["flops"]]
-    for module in data["modules"]:
-        module["ops"] = [op for op in module["ops"] if op["flops"]]
-    return data
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])

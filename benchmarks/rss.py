@@ -1,0 +1,17 @@
+"""Peak RSS of a fresh Python process, for the benchmarks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def peak_rss_gb(code: str) -> float:
+    """Run ``code`` in a new interpreter and return its peak resident set size in GB.
+
+    The figure is the child's VmHWM, which belongs to its own address space:
+    ``ru_maxrss`` would carry the parent's peak over fork and exec.
+    """
+    report = "\nprint(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')))\n"
+    output = subprocess.run([sys.executable, "-c", code + report], check=True, capture_output=True, text=True).stdout
+    return int(output.split()[-1]) * 1024 / 1e9
