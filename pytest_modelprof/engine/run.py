@@ -224,13 +224,7 @@ def _prepare(
     """Tensors for the run (made outside any fake mode): the caller's never receive gradients or in-place updates."""
 
     def convert(t: torch.Tensor) -> torch.Tensor:
-        if fake_mode is None:
-            return t.detach().to(target)
-        if isinstance(t, FakeTensor):
-            return t.detach()
-        if t.device.type == "meta":
-            return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t.detach(), target)
-        return fake_mode.from_tensor(t.detach())
+        return t.detach().to(target) if fake_mode is None else _to_fake(t, fake_mode, target)
 
     def parameter(t: torch.Tensor) -> torch.Tensor:
         run = t.detach().to(target, copy=True) if copy_params and fake_mode is None else convert(t)
@@ -351,8 +345,13 @@ def _create_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _copy_state(t: torch.Tensor, fake_mode: FakeTensorMode | None, target: torch.device) -> torch.Tensor:
-    if fake_mode is None:
+    if fake_mode is None:  # CPU step counters stay on the CPU, as optimizers keep them
         return t.detach().to(t.device if t.dim() == 0 and t.device.type == "cpu" else target, copy=True)
+    return _to_fake(t, fake_mode, target)
+
+
+def _to_fake(t: torch.Tensor, fake_mode: FakeTensorMode, target: torch.device) -> torch.Tensor:
+    """``t`` as a fake tensor of ``fake_mode`` claiming ``target`` (meta tensors) or its own device."""
     if isinstance(t, FakeTensor):
         return t.detach()
     if t.device.type == "meta":
