@@ -112,15 +112,17 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._resolved[func] = entry
         return entry
 
-    def _where(self) -> tuple[str, StackKey]:
+    def _where(self) -> tuple[str, StackKey, Any]:
+        """The op's phase, its module stack, and the autograd node it runs for (None outside backward)."""
         if _current_graph_task_id() != -1:  # inside the backward pass
             if torch.is_grad_enabled():
-                return "recompute", self.tracker.key or ROOT
-            key = self.tracker.key_of_node(_current_autograd_node())
-            return ("backward", key) if key else ("loss", ())
+                return "recompute", self.tracker.key or ROOT, None
+            node = _current_autograd_node()
+            key = self.tracker.key_of_node(node)
+            return ("backward", key, node) if key else ("loss", (), node)
         if self.region != "forward":
-            return self.region, ()
-        return "forward", self.tracker.key or ROOT
+            return self.region, (), None
+        return "forward", self.tracker.key or ROOT, None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -133,8 +135,8 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if decomposed is not NotImplemented:
                 return decomposed
         out = func(*args, **kwargs)
-        phase, key = self._where()
-        allocated = self._measure(out, phase, key) if self.memory is not None else 0
+        phase, key, node = self._where()
+        allocated = self._measure(out, phase, key, node) if self.memory is not None else 0
         if formula is None:
             if not data_movement:
                 self.uncounted[name] += 1
@@ -161,12 +163,11 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
             row[3] += allocated
         return out
 
-    def _measure(self, out: Any, phase: str, key: StackKey) -> int:
+    def _measure(self, out: Any, phase: str, key: StackKey, node: Any) -> int:
         """Feed the op's outputs to the memory meter; the bytes it newly allocated."""
         memory = self.memory
         assert memory is not None
         before = memory.allocated
-        node = _current_autograd_node() if phase == "backward" else None
         if node is not None and node._sequence_nr() == ACCUMULATE_GRAD_SEQUENCE_NR:
             memory.track_all(out, GRADIENTS)  # what AccumulateGrad stores in .grad
         else:
