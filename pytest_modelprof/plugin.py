@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from . import ci, hookspecs
-from .budgets import BudgetError, load_budgets
+from .budgets import BudgetError, Verdict, load_budgets
 from .engine import Profile, profile, register_flop_formula, unregister_flop_formula
 from .report.summary import format_markdown, format_table, summary_row
 from .report.tables import format_tree_table
@@ -183,12 +183,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state.error:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if ci.in_github_actions() and (state.records or state.stale):
-        ci.append_step_summary("## Model budgets\n\n" + format_markdown(_rows(state)))
+        ci.append_step_summary("## Model budgets\n\n" + format_markdown(_rows(state, state.verdicts())))
 
 
-def _rows(state: ModelprofSession) -> list[Any]:
+def _rows(state: ModelprofSession, verdicts: list[Verdict]) -> list[Any]:
     rows = []
-    for verdict in state.verdicts():
+    for verdict in verdicts:
         record = state.records.get(verdict.name)
         budget = state.budgets.profiles.get(verdict.name)
         baseline = budget.baselines.get("gflops") if budget else None
@@ -201,18 +201,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if hasattr(config, "workerinput") or not (state.records or state.stale or state.error):
         return
     write = terminalreporter.write_line
+    verdicts = state.verdicts()
     terminalreporter.section("model budgets")
-    for line in format_table(_rows(state)):
+    for line in format_table(_rows(state, verdicts)):
         write(line)
     if state.error:
         write(f"ERROR: {state.error}", red=True)
     for path in state.written:
         write(f"updated {_relative(path, config)}")
-    statuses = {v.status for v in state.verdicts()}
-    for hint in _next_steps(statuses, state):
+    for hint in _next_steps({v.status for v in verdicts}, state):
         write(hint)
     if ci.in_github_actions():
-        for line in ci.error_annotations(state.verdicts(), config.rootpath):
+        for line in ci.error_annotations(verdicts, config.rootpath):
             write(line)
     depth = option(config, "tree")
     if depth:

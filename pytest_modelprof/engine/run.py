@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import FormulaError, ProfileError
 from .flops import FlopMeter
-from .memory import BUFFERS, CATEGORIES, CUDA_BLOCK, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
+from .memory import ACTIVATIONS, BUFFERS, CATEGORIES, CUDA_BLOCK, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
 from .modules import ROOT, ModuleTracker, StackKey
 from .result import MemoryReport, ModuleOp, ModuleStats, OpStats, Profile
 
@@ -456,7 +456,7 @@ def _add_memory(result: Profile, modules: dict[str, ModuleStats], memory: Memory
         parameters=memory.parameters,
     )
     result.peak_memory_bytes = memory.peak
-    result.peak_activation_bytes = memory.category_max[CATEGORIES.index("activations")]
+    result.peak_activation_bytes = memory.category_max[ACTIVATIONS]
     for path, stats in modules.items():
         stats.activation_bytes = memory.module_activations.get(path, 0)
         stats.forward_peak_bytes = memory.module_peaks.get((path, False), 0)
