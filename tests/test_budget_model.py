@@ -94,3 +94,13 @@ def test_summary_shows_memory_and_latency_when_measured(budget):
     assert header.split() == ["profile", "GFLOPs", "params", "peak", "MB", "latency", "ms", "status"]
     assert line.split() == ["net", "0", "10", "400", "10", "ok"]
     assert "| net | 0 | 10 | 400 | 10 | ok |" in format_markdown([row])
+
+
+def test_default_tolerances_apply_when_a_budget_gives_none(tmp_path):
+    # memory baselines default to 2%, latency to 10%: a default that reads "2%" but allows 0% is a defect
+    (tmp_path / "b.toml").write_text('[profiles."net".baseline]\npeak_memory_mb = 100.0\nlatency_ms = { "cpu: test machine" = 10.0 }\n')
+    budget = load_budgets(tmp_path).profiles["net"]
+    assert check(measured(peak=101.9e6, latency=0.0109), "net", budget).status == OK
+    over = check(measured(peak=102.1e6, latency=0.0111), "net", budget)
+    assert {f.limit for f in over.regressions} == {"baseline.peak_memory_mb", "baseline.latency_ms.cpu: test machine"}
+    assert "allowed 102 MB (baseline 100 MB + 2%)" in over.regressions[0].message()

@@ -62,14 +62,18 @@ class Metric:
         raise ValueError(f'expected a percentage such as "2%" or an amount such as "1.5 {self.unit}", got {text!r}')
 
 
+def _percent(value: float) -> Tolerance:
+    return Tolerance(f"{value:g}%", relative=value / 100)
+
+
 METRICS: dict[str, Metric] = {
     m.key: m
     for m in (
-        Metric("gflops", "GFLOPs", 1e9, 9, Tolerance("0%"), lambda p: p.flops),
-        Metric("params", "params", 1, 0, Tolerance("0%"), lambda p: p.params),
-        Metric("peak_activation_mb", "MB", 1e6, 7, Tolerance("2%"), lambda p: p.peak_activation_bytes),
-        Metric("peak_memory_mb", "MB", 1e6, 7, Tolerance("2%"), lambda p: p.peak_memory_bytes),
-        Metric("latency_ms", "ms", 1e-3, 4, Tolerance("10%"), lambda p: p.latency_seconds, per_device=True),
+        Metric("gflops", "GFLOPs", 1e9, 9, _percent(0), lambda p: p.flops),
+        Metric("params", "params", 1, 0, _percent(0), lambda p: p.params),
+        Metric("peak_activation_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_activation_bytes),
+        Metric("peak_memory_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_memory_bytes),
+        Metric("latency_ms", "ms", 1e-3, 4, _percent(10), lambda p: p.latency_seconds, per_device=True),
     )
 }
 
