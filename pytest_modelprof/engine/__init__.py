@@ -3,17 +3,25 @@
 from .errors import FormulaError, ProfileError
 from .flops import register_flop_formula, unregister_flop_formula
 from .formulas import OpCost
-from .result import ModuleOp, ModuleStats, OpStats, Profile
+from .result import LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
 from .run import profile
+from .timing import LatencyWarning, Timing, calibration_workload, machine_name
 
 __all__ = [
     "FormulaError",
+    "LatencyReport",
+    "LatencyWarning",
+    "MemoryReport",
     "ModuleOp",
     "ModuleStats",
     "OpCost",
     "OpStats",
+    "OpTime",
     "Profile",
     "ProfileError",
+    "Timing",
+    "calibration_workload",
+    "machine_name",
     "profile",
     "register_flop_formula",
     "unregister_flop_formula",

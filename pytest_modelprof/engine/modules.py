@@ -140,6 +140,10 @@ class ModuleTracker:
         seq = node._sequence_nr()
         if seq == ACCUMULATE_GRAD_SEQUENCE_NR:
             return self._param_keys.get(id(node.variable), ROOT)
+        return self.key_of_sequence_nr(seq)
+
+    def key_of_sequence_nr(self, seq: int) -> StackKey:
+        """The module stack that was active when the forward made autograd node number ``seq``."""
         key = self._node_keys.get(seq)
         if key is None:
             index = bisect.bisect_right(self._boundary_seqs, seq) - 1

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import stats as _stats
+
 PHASES = ("forward", "loss", "backward", "recompute", "optimizer")
 
 
@@ -45,6 +47,104 @@ class MemoryReport:
 
 
 @dataclass
+class LatencyReport:
+    """Timed repeats of the workload on real tensors, in seconds per call.
+
+    ``samples`` holds one figure per repeat (a repeat runs ``calls_per_sample`` calls
+    back to back and is divided by it). ``calibration`` holds, interleaved with them,
+    the time of a fixed reference workload on the same device: machine speed drifts
+    (frequency scaling, noisy neighbours) move both, so ``ratios`` (sample over its
+    calibration) compare across runs and processes where raw seconds do not.
+    ``machine`` names what was measured on (CPU model and threads, or GPU name).
+    """
+
+    device: str
+    machine: str
+    samples: list[float]
+    calls_per_sample: int = 1
+    warmup: int = 0
+    calibration: list[float] = field(default_factory=list)
+    batch_size: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def runs(self) -> int:
+        return len(self.samples)
+
+    @property
+    def min(self) -> float:
+        return min(self.samples)
+
+    @property
+    def median(self) -> float:
+        return _stats.median(self.samples)
+
+    @property
+    def mean(self) -> float:
+        return _stats.mean(self.samples)
+
+    @property
+    def iqr(self) -> float:
+        return _stats.iqr(self.samples)
+
+    @property
+    def std(self) -> float:
+        return _stats.std(self.samples)
+
+    @property
+    def throughput(self) -> float | None:
+        """Samples (the batch's leading dimension) per second, at the median latency."""
+        return self.batch_size / self.median if self.batch_size else None
+
+    def interval(self, confidence: float = 0.95) -> tuple[float, float]:
+        """A distribution-free confidence interval for the median latency (seconds)."""
+        return _stats.median_interval(self.samples, confidence)
+
+    @property
+    def calibration_median(self) -> float | None:
+        return _stats.median(self.calibration) if self.calibration else None
+
+    @property
+    def calibration_seconds(self) -> float | None:
+        """The calibration's time as the model's latency sees it: the median latency over the
+        median ratio (close to the calibration's own median, and consistent with ``ratios``:
+        ``median(ratios) * calibration_seconds == median``)."""
+        ratios = self.ratios
+        return self.median / _stats.median(ratios) if ratios else None
+
+    def ratio_interval(self, confidence: float = 0.95) -> tuple[float, float] | None:
+        """A distribution-free confidence interval for the median ratio (None without calibration)."""
+        ratios = self.ratios
+        return _stats.median_interval(ratios, confidence) if ratios else None
+
+    @property
+    def ratios(self) -> list[float]:
+        """Each sample over the calibration timed next to it (empty without calibration)."""
+        return [s / c for s, c in zip(self.samples, self.calibration)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class OpTime:
+    """Time of one operator (profiler name, e.g. ``aten::mm``) in one module and phase.
+
+    ``self_*`` excludes the time of the ops it called; ``device_*`` is kernel time on the
+    accelerator (0 on CPU). Seconds are per workload call (averaged over profiled calls).
+    """
+
+    op: str
+    phase: str
+    module: str
+    calls: float = 0
+    seconds: float = 0.0
+    self_seconds: float = 0.0
+    device_seconds: float = 0.0
+    self_device_seconds: float = 0.0
+
+
+@dataclass
 class ModuleStats:
     """One module of the profiled model, at one dotted path.
 
@@ -70,6 +170,14 @@ class ModuleStats:
     activation_bytes: int = 0  # saved for backward by its ops (and its children's)
     forward_peak_bytes: int = 0  # the most memory in use while its forward ran
     backward_peak_bytes: int = 0  # ... while its backward ran (recomputation included)
+    # per-module times (seconds per workload call; None until layer timing ran): total
+    # includes the module's children, self excludes them; device_* is kernel time
+    forward_seconds: float | None = None
+    backward_seconds: float | None = None
+    self_forward_seconds: float | None = None
+    self_backward_seconds: float | None = None
+    forward_device_seconds: float | None = None
+    backward_device_seconds: float | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -144,6 +252,8 @@ class Profile:
     latency_seconds: float | None = None
     machine: str | None = None
     memory: MemoryReport | None = None
+    latency: LatencyReport | None = None
+    op_times: list[OpTime] = field(default_factory=list)
 
     @property
     def flops(self) -> int:
@@ -156,6 +266,11 @@ class Profile:
     @property
     def macs(self) -> int:
         return self.forward_macs + self.loss_macs + self.backward_macs + self.recompute_macs + self.optimizer_macs
+
+    @property
+    def flops_per_second(self) -> float | None:
+        """Achieved FLOP/s: the counted FLOPs over the median latency."""
+        return self.flops / self.latency_seconds if self.latency_seconds else None
 
     @property
     def model_size_bytes(self) -> int:
@@ -180,7 +295,7 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        data.update(flops=self.flops, macs=self.macs, model_size_bytes=self.model_size_bytes)
+        data.update(flops=self.flops, macs=self.macs, model_size_bytes=self.model_size_bytes, flops_per_second=self.flops_per_second)
         return data
 
     @classmethod
@@ -194,4 +309,7 @@ class Profile:
             memory["timeline"] = [(phase, list(row)) for phase, row in memory["timeline"]]
             memory["parameters"] = [tuple(entry) for entry in memory.get("parameters", [])]
             values["memory"] = MemoryReport(**memory)
+        if data.get("latency") is not None:
+            values["latency"] = LatencyReport(**data["latency"])
+        values["op_times"] = [OpTime(**o) for o in data.get("op_times", [])]
         return cls(**values)

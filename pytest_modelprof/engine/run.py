@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from .flops import FlopMeter
 from .memory import ACTIVATIONS, BUFFERS, CATEGORIES, CUDA_BLOCK, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
 from .modules import ROOT, ModuleTracker, StackKey
 from .result import MemoryReport, ModuleOp, ModuleStats, OpStats, Profile
+from .timing import Timing, batch_size_of, layer_times, measure_latency
 
 
 def profile(
@@ -43,6 +44,7 @@ def profile(
     no_grad: bool = True,
     set_to_none: bool = True,
     autocast: torch.dtype | None = None,
+    latency: bool | Timing = False,
 ) -> Profile:
     """Profile one forward pass (``train=False``) or one training step of ``model``.
 
@@ -71,6 +73,12 @@ def profile(
     are then resident from the start of the step, as in every step after the first.
     ``autocast=torch.bfloat16`` (or ``torch.float16``) runs the forward pass and the loss
     under ``torch.autocast`` on the run's device, as mixed-precision training does.
+
+    ``latency=True`` (or a :class:`Timing`) then times the same workload on real tensors,
+    apart from the meters: ``Profile.latency`` holds the repeats and their statistics,
+    ``latency_seconds`` the median and ``machine`` what it ran on. ``Timing(layers=True)``
+    adds per-module times (on ``Profile.modules``) and per-operator times
+    (``Profile.op_times``) from :mod:`torch.profiler`.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
@@ -84,9 +92,14 @@ def profile(
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if not train:
             raise ProfileError("an optimizer step needs a backward pass: pass train=True with optimizer=")
+    timing = Timing() if latency is True else latency or None
+    if timing is not None and not isinstance(timing, Timing):
+        raise TypeError(f"latency must be True, False or a Timing, got {type(latency).__name__}")
     named_params: dict[str, torch.Tensor] = dict(model.named_parameters())
     named_buffers = dict(model.named_buffers())
     fake_mode, target = _choose_mode(model, named_params, named_buffers, (args, kwargs), device)
+    if timing is not None and fake_mode is not None:
+        raise ProfileError("latency needs real tensors: an analytic run (device='meta', fake tensors) computes nothing to time")
 
     named_modules = list(model.named_modules(remove_duplicate=False))
     tracker = ModuleTracker(named_modules)
@@ -149,7 +162,84 @@ def profile(
             autocast=torch.autocast(target.type, dtype=autocast) if autocast is not None else contextlib.nullcontext(),
         )
 
-    return _build_profile(model, named_modules, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
+    result = _build_profile(model, named_modules, meter, tracker, named_params, named_buffers, train, target, fake_mode is not None)
+    if timing is not None:
+        amp = (lambda: torch.autocast(target.type, dtype=autocast)) if autocast is not None else contextlib.nullcontext
+        workload = _workload(
+            model, named_modules, named_params, named_buffers, args, kwargs, target, train, loss_fn, optimizer, amp, no_grad, set_to_none
+        )
+        with workload as step:
+            report = measure_latency(step, target, timing, train=train, batch_size=batch_size_of((args, kwargs)))
+            result.latency = report
+            result.latency_seconds = report.median
+            result.machine = report.machine
+            if timing.layers:
+                times = layer_times(step, named_modules, target, timing.layer_repeats, timing.trace)
+                times.apply(result.modules)
+                result.op_times = times.ops
+    return result
+
+
+@contextlib.contextmanager
+def _workload(
+    model: nn.Module,
+    named_modules: list[tuple[str, nn.Module]],
+    named_params: dict[str, torch.Tensor],
+    named_buffers: dict[str, torch.Tensor],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    target: torch.device,
+    train: bool,
+    loss_fn: Any,
+    optimizer: torch.optim.Optimizer | None,
+    autocast: Callable[[], Any],
+    no_grad: bool,
+    set_to_none: bool,
+) -> Iterator[Callable[[], Any]]:
+    """One call of the workload on real tensors and no meters, ready to be timed.
+
+    The same isolation as a metered run: the caller's model, tensors and optimizer are
+    not touched (a training step works on its own tensors and optimizer copy), the
+    train/eval flags and the RNG state are restored afterwards.
+    """
+    params, buffers, run_args, run_kwargs = _prepare(
+        named_params, named_buffers, args, kwargs, None, target, train, copy_params=optimizer is not None
+    )
+    run_optimizer = None
+    if optimizer is not None:
+        run_tensors = {id(named_params[name]): tensor for name, tensor in params.items()}
+        run_optimizer = _copy_optimizer(optimizer, run_tensors, lambda t: _copy_state(t, None, target), type(model).__name__)
+    in_place = not train and all(t.device == target for t in (*named_params.values(), *named_buffers.values()))
+    state = None if in_place else {**params, **buffers}
+    trainable = [t for t in params.values() if t.requires_grad]
+
+    def forward() -> Any:
+        if state is None:
+            return model(*run_args, **run_kwargs)
+        return torch.func.functional_call(model, state, run_args, run_kwargs, tie_weights=True, strict=False)
+
+    def step() -> Any:
+        if not train:
+            with torch.set_grad_enabled(not no_grad), autocast():
+                return forward()
+        with autocast():
+            output = forward()
+            loss = loss_fn(output) if loss_fn is not None else _sum_of_outputs(output)
+        loss.backward()
+        if run_optimizer is not None:
+            run_optimizer.step()
+            run_optimizer.zero_grad(set_to_none=set_to_none)
+        else:
+            for tensor in trainable:
+                tensor.grad = None
+        return output
+
+    flags = {module: module.training for _, module in named_modules}
+    with torch.random.fork_rng(devices=[target] if target.type == "cuda" else [], device_type=target.type), _restore_training_flags(flags):
+        model.train(train)
+        if run_optimizer is not None:
+            _create_state(run_optimizer)
+        yield step
 
 
 def _saver(memory: MemoryMeter, tracker: ModuleTracker) -> Any:

@@ -1,0 +1,445 @@
+"""Latency on real tensors, per-module and per-operator times, and the machine they were measured on.
+
+Timing runs apart from the counting meters: no dispatch mode, no hooks and no
+profiler are active while a repeat is timed, so their overhead never reaches the
+figure.
+
+How a latency is measured (:func:`measure_latency`):
+
+1. Two checking calls run under a recording dispatch mode: a model that draws random
+   numbers (dropout in train mode) or runs different operators on two calls with the
+   same inputs gets a :class:`LatencyWarning`, and so does an inference output that
+   changes between the two calls.
+2. Warm-up calls, timed, estimate one call; a repeat then runs enough calls back to
+   back to last at least a millisecond (timer resolution and launch jitter vanish), and
+   the number of repeats fills the time budget.
+3. Repeats of the model alternate with repeats of a fixed calibration workload (a
+   convolution and a matrix product of fixed size) on the same device. The ratio of
+   each repeat to the calibration next to it cancels what the machine does to both:
+   frequency scaling, a neighbour on a shared runner, a slower machine of the same
+   kind. On this project's 2-core CI machine, medians of ResNet-18 vary by about 25%
+   from process to process while their ratio to the calibration varies by about 4%.
+
+On CPU a repeat is timed with :func:`time.perf_counter`; on CUDA with events recorded
+on the stream around it, read after a synchronisation (no host timing of async work).
+
+Per-module and per-operator times (:func:`layer_times`) come from :mod:`torch.profiler`:
+each module's forward runs inside a ``record_function`` range named after its dotted
+path, and each backward node is given to the module whose forward created it (through
+the autograd sequence number, as the FLOP meter does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+import re
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .errors import ProfileError
+from .modules import ROOT, ModuleTracker, StackKey
+from .result import LatencyReport, ModuleStats, OpTime
+
+MIN_SAMPLE_SECONDS = 1e-3  # a repeat runs calls back to back until it lasts this long
+MAX_REPEATS = 100_000
+
+
+class LatencyWarning(UserWarning):
+    """The latency was measured, but may not mean what it seems (see the message)."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How latency is measured; ``profile(..., latency=Timing(...))``.
+
+    ``budget`` is the time, in seconds, that the timed repeats (model and calibration)
+    may take; ``repeats`` fixes their number instead. ``warmup`` calls run first,
+    untimed. ``calibrate=False`` skips the calibration workload (raw seconds only).
+    ``layers=True`` adds per-module and per-operator times from ``layer_repeats``
+    profiled calls; ``trace`` writes those calls as a Chrome/Perfetto trace (JSON).
+    """
+
+    budget: float = 2.0
+    repeats: int | None = None
+    warmup: int = 3
+    min_repeats: int = 10
+    calibrate: bool = True
+    layers: bool = False
+    layer_repeats: int = 3
+    trace: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.budget, (int, float)) and math.isfinite(self.budget) and self.budget > 0):
+            raise ValueError(f"the timing budget must be a positive number of seconds, got {self.budget!r}")
+        if self.repeats is not None and (not isinstance(self.repeats, int) or self.repeats < 1):
+            raise ValueError(f"repeats must be a whole number of at least 1, got {self.repeats!r}")
+        if not isinstance(self.min_repeats, int) or self.min_repeats < 1:
+            raise ValueError(f"min_repeats must be a whole number of at least 1, got {self.min_repeats!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be a whole number of calls (0 or more), got {self.warmup!r}")
+        if not isinstance(self.layer_repeats, int) or self.layer_repeats < 1:
+            raise ValueError(f"layer_repeats must be a whole number of at least 1, got {self.layer_repeats!r}")
+
+
+def machine_name(device: torch.device) -> str:
+    """What a latency was measured on, as a budget key: ``cpu-amd-epyc-2t``, ``cuda-nvidia-h100-80gb-hbm3``."""
+    if device.type == "cuda":
+        return _slug(f"cuda {torch.cuda.get_device_name(device)}")
+    return _slug(f"cpu {_cpu_model()} {torch.get_num_threads()}t")
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2]
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _slug(text: str) -> str:
+    text = re.sub(r"\((r|tm)\)|\bcpu\b(?= @)|@|\bprocessor\b", " ", text, flags=re.IGNORECASE)
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+# workloads -----------------------------------------------------------------
+
+
+class _Clock:
+    """Times a function on one device: perf_counter on CPU, events on CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def time(self, fn: Callable[[], Any], calls: int) -> float:
+        """Seconds per call of ``calls`` back-to-back calls."""
+        if not self.cuda:
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - start) / calls
+        begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize(self.device)
+        begin.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return float(begin.elapsed_time(end)) / 1e3 / calls
+
+
+def calibration_workload(device: torch.device) -> Callable[[], Any]:
+    """A fixed reference workload on ``device``: a 3x3 convolution and a matrix product.
+
+    Its size never changes, so its time measures the machine, not the model; it
+    exercises the same kernels (convolution, GEMM, elementwise) as most models.
+    """
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    size = 1024 if device.type == "cuda" else 256
+    image = torch.randn(1, 32, 56, 56, generator=generator).to(device)
+    weight = torch.randn(32, 32, 3, 3, generator=generator).to(device)
+    matrix = torch.randn(size, size, generator=generator).to(device)
+
+    def run() -> None:
+        with torch.no_grad():
+            torch.conv2d(image, weight, padding=1).relu_()
+            torch.mm(matrix, matrix)
+
+    return run
+
+
+class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records the ops of a call, and the random ones among them (dropout, sampling)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.ops: list[str] = []
+        self.random: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func.overloadpacket)
+        self.ops.append(name)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random.add(f"aten.{name}" if "." not in name else name)
+        return func(*args, **(kwargs or {}))
+
+
+def _check_behaviour(step: Callable[[], Any], train: bool) -> list[str]:
+    """Two recorded calls: what about the model makes its latency less than one clear figure."""
+    problems = []
+    first, second = _Recorder(), _Recorder()
+    with first:
+        out_first = step()
+    with second:
+        out_second = step()
+    random = sorted(first.random | second.random)
+    if random:
+        mode = "in train mode (dropout?)" if train else "in eval mode"
+        problems.append(
+            f"the model draws random numbers {mode}: {', '.join(random)}; each repeat does work of a "
+            "different draw and the latency is their median"
+        )
+    if first.ops != second.ops:
+        problems.append(
+            f"the model ran different operators on two calls with the same inputs ({len(first.ops)} vs "
+            f"{len(second.ops)} ops): its latency depends on state or data, and the median mixes its paths"
+        )
+    elif not train and not random and not _same(out_first, out_second):
+        problems.append("the model's output changed between two calls with the same inputs: it keeps state between calls")
+    return problems
+
+
+def _same(a: Any, b: Any) -> bool:
+    left, right = tree_flatten(a)[0], tree_flatten(b)[0]
+    if len(left) != len(right):
+        return False
+    for x, y in zip(left, right):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or not torch.equal(x, y):
+                return False
+    return True
+
+
+# latency -------------------------------------------------------------------
+
+
+def measure_latency(step: Callable[[], Any], device: torch.device, timing: Timing, *, train: bool, batch_size: int | None) -> LatencyReport:
+    """Time ``step`` (one call of the workload, ready to run on ``device``) as described in the module docs."""
+    clock = _Clock(device)
+    problems = _check_behaviour(step, train)
+    for problem in problems:
+        warnings.warn(problem, LatencyWarning, stacklevel=3)
+    estimate = math.inf
+    for _ in range(max(timing.warmup, 1)):
+        estimate = min(estimate, clock.time(step, 1))
+    calls = max(1, math.ceil(MIN_SAMPLE_SECONDS / estimate)) if estimate > 0 else 1000
+    calibrate = calibration_workload(device) if timing.calibrate else None
+    calibration_calls = 0
+    per_repeat = calls * estimate
+    if calibrate is not None:
+        calibrate()
+        calibration_estimate = min(clock.time(calibrate, 1) for _ in range(3))
+        calibration_calls = max(1, math.ceil(MIN_SAMPLE_SECONDS / calibration_estimate)) if calibration_estimate > 0 else 1000
+        per_repeat += (calibration_calls + 1) * calibration_estimate
+    if timing.repeats is not None:
+        repeats = timing.repeats
+    else:
+        if timing.budget < estimate:
+            raise ProfileError(
+                f"the timing budget of {timing.budget:g} s is shorter than one call of the workload "
+                f"({estimate * 1e3:.3g} ms): give at least {timing.min_repeats * per_repeat:.2g} s"
+            )
+        repeats = int(timing.budget / per_repeat)
+        if repeats < timing.min_repeats:
+            problem = (
+                f"the timing budget of {timing.budget:g} s allows {repeats} repeats of {per_repeat * 1e3:.3g} ms; "
+                f"ran min_repeats={timing.min_repeats} ({timing.min_repeats * per_repeat:.2g} s) instead"
+            )
+            warnings.warn(problem, LatencyWarning, stacklevel=3)
+            problems.append(problem)
+            repeats = timing.min_repeats
+        repeats = min(repeats, MAX_REPEATS)
+    samples: list[float] = []
+    calibration: list[float] = []
+    for _ in range(repeats):
+        samples.append(clock.time(step, calls))
+        if calibrate is not None:
+            calibrate()  # untimed: its data back in cache after the model's, so the model's footprint does not leak into it
+            calibration.append(clock.time(calibrate, calibration_calls))
+    return LatencyReport(
+        device=str(device),
+        machine=machine_name(device),
+        samples=samples,
+        calls_per_sample=calls,
+        warmup=max(timing.warmup, 1) + 2,
+        calibration=calibration,
+        batch_size=batch_size,
+        warnings=problems,
+    )
+
+
+def batch_size_of(args: Any) -> int | None:
+    """The leading dimension of the first tensor input with one (the batch, by convention)."""
+    for tensor in tree_flatten(args)[0]:
+        if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
+            return int(tensor.shape[0])
+    return None
+
+
+# per-module and per-operator times ----------------------------------------------
+
+_LABEL = "modelprof::"
+_BACKWARD_NODE = "autograd::engine::evaluate_function: "
+
+
+class _Labels:
+    """Global module hooks that wrap every module's forward in a profiler range named by its path."""
+
+    def __init__(self, tracker: ModuleTracker) -> None:
+        self.tracker = tracker
+        self.open: list[tuple[nn.Module, Any]] = []
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _Labels:
+        # registered after the tracker's hooks: the pre-hook sees the path the tracker just pushed
+        self.handles = [register_module_forward_pre_hook(self._enter), register_module_forward_hook(self._exit)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        while self.open:
+            self.open.pop()[1].__exit__(None, None, None)
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        frames = self.tracker.frames
+        if not frames or frames[-1][1] is not module:
+            return
+        label = torch.autograd.profiler.record_function(_LABEL + frames[-1][0])
+        label.__enter__()  # type: ignore[no-untyped-call]
+        self.open.append((module, label))
+
+    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        if any(m is module for m, _ in self.open):
+            while self.open:
+                opened, label = self.open.pop()
+                label.__exit__(None, None, None)
+                if opened is module:
+                    break
+
+
+@dataclass
+class LayerTimes:
+    """Per-module and per-operator times of profiled calls, and the profiler that measured them.
+
+    ``modules`` maps a dotted path to its times (the ``*_seconds`` fields of
+    :class:`ModuleStats`); ``ops`` lists operator times per module and phase;
+    ``events`` is the profiler's raw event list (``torch.autograd.profiler_util.EventList``).
+    Seconds are per call of the workload.
+    """
+
+    modules: dict[str, dict[str, float]]
+    ops: list[OpTime]
+    events: Any
+    calls: int
+
+    def apply(self, modules: list[ModuleStats]) -> None:
+        for stats in modules:
+            times = self.modules.get(stats.path, {})
+            for name in (
+                "forward_seconds",
+                "backward_seconds",
+                "self_forward_seconds",
+                "self_backward_seconds",
+                "forward_device_seconds",
+                "backward_device_seconds",
+            ):
+                setattr(stats, name, times.get(name, 0.0))
+
+
+def layer_times(
+    step: Callable[[], Any], named_modules: list[tuple[str, nn.Module]], device: torch.device, calls: int, trace: str | Path | None = None
+) -> LayerTimes:
+    """Run ``step`` ``calls`` times under :mod:`torch.profiler` and attribute its time to modules."""
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    tracker = ModuleTracker(named_modules)
+    with torch_profile(activities=activities) as profiler:
+        with tracker, _Labels(tracker):
+            for _ in range(calls):
+                step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    if trace is not None:
+        profiler.export_chrome_trace(str(trace))
+    return _attribute(profiler.events(), tracker, calls)
+
+
+def _attribute(events: Any, tracker: ModuleTracker, calls: int) -> LayerTimes:
+    us = 1e-6 / calls
+    times: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    ops: dict[tuple[str, str, str], OpTime] = {}
+    for event in events:
+        name = event.name
+        if name.startswith(_LABEL):
+            if _owner(event)[0] == "forward":  # (a range in the backward pass is recomputation: its node counts it)
+                path = name[len(_LABEL) :]
+                child = sum(c.cpu_time_total for c in _child_labels(event))
+                times[path]["forward_seconds"] += event.cpu_time_total * us
+                times[path]["self_forward_seconds"] += (event.cpu_time_total - child) * us
+            continue
+        phase, key = _owner(event)
+        if name.startswith(_BACKWARD_NODE):
+            key = _node_key(event, tracker)
+            if key:
+                times[key[-1]]["self_backward_seconds"] += event.cpu_time_total * us
+                for path in key:
+                    times[path]["backward_seconds"] += event.cpu_time_total * us
+            continue
+        if phase == "backward":
+            key = _node_key(_backward_node(event), tracker)
+        elif not key:
+            phase = "other"  # outside the model: the loss, the optimizer step
+        device_self = event.self_device_time_total * us
+        for path in key:
+            times[path][f"{phase}_device_seconds"] += device_self
+        row = ops.setdefault((name, phase, key[-1] if key else ""), OpTime(name, phase, key[-1] if key else ""))
+        row.calls += event.count / calls
+        row.seconds += event.cpu_time_total * us
+        row.self_seconds += event.self_cpu_time_total * us
+        row.device_seconds += event.device_time_total * us
+        row.self_device_seconds += device_self
+    op_rows = sorted(ops.values(), key=lambda r: (-r.self_seconds, r.op, r.phase, r.module))
+    return LayerTimes({path: dict(values) for path, values in times.items()}, op_rows, events, calls)
+
+
+def _child_labels(event: Any) -> Iterator[Any]:
+    """The module ranges nested directly in ``event`` (through any ops between)."""
+    for child in event.cpu_children:
+        if child.name.startswith(_LABEL):
+            yield child
+        else:
+            yield from _child_labels(child)
+
+
+def _owner(event: Any) -> tuple[str, StackKey]:
+    """The phase of ``event`` and, in the forward pass, the module stack of the ranges around it."""
+    labels: list[str] = []
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(_BACKWARD_NODE):
+            return "backward", ()
+        if parent.name.startswith(_LABEL):
+            labels.append(parent.name[len(_LABEL) :])
+        parent = parent.cpu_parent
+    return "forward", tuple(reversed(labels))
+
+
+def _backward_node(event: Any) -> Any:
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.startswith(_BACKWARD_NODE):
+        parent = parent.cpu_parent
+    return parent
+
+
+def _node_key(event: Any, tracker: ModuleTracker) -> StackKey:
+    if event is None or event.sequence_nr < 0:
+        return ROOT
+    return tracker.key_of_sequence_nr(event.sequence_nr) or ROOT
