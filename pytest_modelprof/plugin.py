@@ -12,7 +12,7 @@ import pytest
 
 from . import ci, hookspecs
 from .budgets import BudgetError, Verdict, load_budgets
-from .engine import Profile, profile, register_flop_formula, unregister_flop_formula
+from .engine import Profile, Timing, profile, register_flop_formula, unregister_flop_formula
 from .report.summary import format_markdown, format_table, summary_row
 from .report.tables import format_tree_table
 from .report.text import format_header
@@ -21,7 +21,8 @@ from .session import ModelprofSession
 STATE = pytest.StashKey[ModelprofSession]()
 _FORMULAS = pytest.StashKey[list[Any]]()
 DEFAULT_BUDGETS = "budgets"
-PROFILE_OPTIONS = ("train", "loss_fn", "device", "optimizer", "memory", "no_grad", "set_to_none", "autocast")
+PROFILE_OPTIONS = ("train", "loss_fn", "device", "optimizer", "memory", "no_grad", "set_to_none", "autocast", "latency")
+LATENCY_MODES = ("auto", "all", "none")
 
 # (name, kind, help): each is --modelprof-<name> on the command line and modelprof_<name> in the ini file
 OPTIONS = (
@@ -32,6 +33,13 @@ OPTIONS = (
     ("json", "path", "directory to write one JSON file per profile and a session summary into"),
     ("device", "string", "device every profile runs on unless a test says otherwise: cpu, cuda, or meta (analytic)"),
     ("tree", "string", "after the summary, print each profile's module tree down to this depth"),
+    (
+        "latency",
+        "string",
+        "which profiles are timed: auto (those asking latency=True or whose budget holds a latency limit "
+        "or baseline; the default), all (every profile on real tensors), none",
+    ),
+    ("time-budget", "string", "seconds of timed repeats per timed profile (default: 2)"),
 )
 
 
@@ -43,18 +51,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("modelprof", "model budgets (pytest-modelprof)")
     for name, kind, text in OPTIONS:
         flag = f"--modelprof-{name}"
+        key = f"modelprof_{name.replace('-', '_')}"
         if kind == "bool":
-            group.addoption(flag, action="store_true", default=None, dest=f"modelprof_{name}", help=text)
-            parser.addini(f"modelprof_{name}", text, type="bool", default=False)
+            group.addoption(flag, action="store_true", default=None, dest=key, help=text)
+            parser.addini(key, text, type="bool", default=False)
         else:
-            group.addoption(flag, default=None, dest=f"modelprof_{name}", metavar=name.upper(), help=text)
-            parser.addini(f"modelprof_{name}", text, default="")
+            group.addoption(flag, default=None, dest=key, metavar=name.upper().replace("-", "_"), help=text)
+            parser.addini(key, text, default="")
 
 
 def option(config: pytest.Config, name: str) -> Any:
     """A modelprof option: the command line's value if given, else the ini file's."""
-    value = config.getoption(f"modelprof_{name}")
-    return value if value is not None else config.getini(f"modelprof_{name}")
+    key = f"modelprof_{name.replace('-', '_')}"
+    value = config.getoption(key)
+    return value if value is not None else config.getini(key)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,6 +75,15 @@ def pytest_configure(config: pytest.Config) -> None:
     depth = option(config, "tree")
     if depth and not str(depth).isdigit():
         raise pytest.UsageError(f"--modelprof-tree expects a depth (0, 1, 2, ...), got {depth!r}")
+    latency = option(config, "latency") or "auto"
+    if latency not in LATENCY_MODES:
+        raise pytest.UsageError(f"--modelprof-latency expects one of {', '.join(LATENCY_MODES)}, got {latency!r}")
+    try:
+        Timing(budget=float(option(config, "time-budget") or Timing.budget))
+    except ValueError:
+        raise pytest.UsageError(
+            f"--modelprof-time-budget expects a positive number of seconds, got {option(config, 'time-budget')!r}"
+        ) from None
     configured = option(config, "budgets")
     directory = Path(configured) if configured else config.rootpath / DEFAULT_BUDGETS
     if not directory.is_absolute():
@@ -92,10 +111,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 class ModelProfiler:
     """What the ``model_profile`` fixture returns: call it to profile a model."""
 
-    def __init__(self, state: ModelprofSession, nodeid: str, defaults: dict[str, Any]) -> None:
+    def __init__(
+        self, state: ModelprofSession, nodeid: str, defaults: dict[str, Any], latency: str = "auto", timing: Timing | None = None
+    ) -> None:
         self._state = state
         self._nodeid = nodeid
         self._defaults = defaults
+        self._latency = latency
+        self._timing = timing or Timing()
         self._made = 0
 
     def __call__(self, model: Any, inputs: Any = (), *, name: str | None = None, **options: Any) -> Profile:
@@ -104,16 +127,31 @@ class ModelProfiler:
         ``name`` is the profile's key in the budget files; by default the test's node id
         (``#2``, ``#3``... for later unnamed profiles of the same test). ``options`` are
         :func:`pytest_modelprof.profile`'s: ``train``, ``loss_fn``, ``device``, ``optimizer``,
-        ``memory``, ``no_grad``, ``set_to_none``, ``autocast``.
+        ``memory``, ``no_grad``, ``set_to_none``, ``autocast``, ``latency``. Unless the test
+        says ``latency=``, a profile is timed when its budget holds a latency limit or
+        baseline (``--modelprof-latency`` changes that).
         """
         _check_options(options)
         self._made += 1
         if name is None:
             name = self._nodeid if self._made == 1 else f"{self._nodeid}#{self._made}"
-        result = profile(model, inputs, **{**self._defaults, **options})
+        options = {**self._defaults, **options}
+        options["latency"] = self._timed(name, options)
+        result = profile(model, inputs, **options)
         result.name = name
         self._state.record(name, self._nodeid, result)
         return result
+
+    def _timed(self, name: str, options: dict[str, Any]) -> Any:
+        """What to pass as ``latency=``, by the test's request, the budget and ``--modelprof-latency``."""
+        if self._latency == "none" or str(options.get("device", "")) == "meta":
+            return False
+        if "latency" in options:
+            return self._timing if options["latency"] is True else options["latency"]
+        if self._latency == "all":
+            return self._timing
+        budget = self._state.budgets.profiles.get(name)
+        return self._timing if budget is not None and budget.mentions("latency_ms") else False
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -140,7 +178,9 @@ def model_profile(request: pytest.FixtureRequest) -> ModelProfiler:
             raise TypeError("@pytest.mark.modelprof takes keyword options only, e.g. @pytest.mark.modelprof(train=True)")
         _check_options(marker.kwargs)
         defaults.update(marker.kwargs)
-    return ModelProfiler(request.config.stash[STATE], request.node.nodeid, defaults)
+    seconds = option(request.config, "time-budget")
+    timing = Timing(budget=float(seconds)) if seconds else None
+    return ModelProfiler(request.config.stash[STATE], request.node.nodeid, defaults, option(request.config, "latency") or "auto", timing)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -205,6 +245,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("model budgets")
     for line in format_table(_rows(state, verdicts)):
         write(line)
+    for verdict in verdicts:
+        for note in verdict.notes:
+            write(f"{verdict.name}: {note}")
     if state.error:
         write(f"ERROR: {state.error}", red=True)
     for path in state.written:

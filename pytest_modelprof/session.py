@@ -144,6 +144,7 @@ class ModelprofSession:
                 "status": record.verdict.status,
                 "budget": _where(record.verdict),
                 "findings": [_finding(f) for f in record.verdict.findings],
+                "notes": record.verdict.notes,
                 "profile": record.profile.to_dict(),
             }
             (directory / file).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -184,4 +185,6 @@ def _finding(finding: Any) -> dict[str, Any]:
         "file": str(finding.path),
         "line": finding.line,
         "message": finding.message(),
+        "interval": list(finding.interval) if finding.interval is not None else None,
+        "note": finding.note,
     }

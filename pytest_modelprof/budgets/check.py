@@ -1,13 +1,25 @@
-"""Holding a profile against its budget: ceilings first, then baselines with tolerance."""
+"""Holding a profile against its budget: ceilings first, then baselines with tolerance.
+
+Counted figures (FLOPs, parameters, bytes) are exact and compared as they are.
+A latency is a sample of a noisy quantity, so it is compared through a confidence
+interval for its median (distribution-free, :data:`~.metrics.CONFIDENCE`): it fails
+a limit only when the whole interval lies above it, and counts as improved only when
+the whole interval lies below the baseline's band. Against a baseline it is first
+brought to the baseline's machine speed: the median ratio of each repeat to the
+calibration workload timed beside it, times the calibration time recorded with the
+baseline. A machine that is 20% slower today makes both the model and the calibration
+20% slower, and the comparison does not move.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..engine import stats
 from ..engine.result import Profile
 from .load import ProfileBudget
-from .metrics import METRICS, Metric, device_kind
+from .metrics import CONFIDENCE, LIMITED, METRICS, Metric, device_kind
 
 OK, REGRESSED, IMPROVED, NEW, UPDATED, STALE = "ok", "regressed", "improved", "new", "updated", "stale"
 
@@ -25,6 +37,8 @@ class Finding:
     line: int
     status: str  # OK, REGRESSED or IMPROVED
     tolerance: str | None = None  # for baselines
+    interval: tuple[float, float] | None = None  # a confidence interval of a sampled measurement (latency)
+    note: str = ""  # how the measurement was brought to the reference (latency vs calibration)
 
     def message(self) -> str:
         """``gflops: measured 4.21 GFLOPs, allowed 4 GFLOPs (max_gflops): +5.25% (+0.21 GFLOPs) [budgets/x.toml:3]``"""
@@ -37,8 +51,12 @@ class Finding:
         else:
             limit = f"baseline {metric.format(self.reference)} + {self.tolerance}"
             versus = " vs baseline"
+        measured = metric.format(self.measured)
+        if self.interval is not None:
+            low, high = self.interval
+            measured += f" (median; {CONFIDENCE:.0%} interval {low:.4g}-{high:.4g}{self.note})"
         return (
-            f"{self.metric}: measured {metric.format(self.measured)}, allowed {metric.format(self.allowed)} ({limit}): "
+            f"{self.metric}: measured {measured}, allowed {metric.format(self.allowed)} ({limit}): "
             f"{percent} ({_signed(metric, change)}){versus} [{self.path}:{self.line}]"
         )
 
@@ -50,6 +68,7 @@ class Verdict:
     findings: list[Finding] = field(default_factory=list)
     path: Path | None = None
     line: int | None = None
+    notes: list[str] = field(default_factory=list)  # what was measured but not compared, and why
 
     @property
     def regressions(self) -> list[Finding]:
@@ -65,20 +84,28 @@ def check(profile: Profile, name: str, budget: ProfileBudget | None, *, baseline
     if budget is None:
         return Verdict(name, NEW)
     findings = []
-    for metric in METRICS.values():
+    notes = []
+    for metric in LIMITED.values():
         measured = metric.measure(profile)
         if measured is None:
             continue
         findings.extend(_ceilings(metric, measured, profile, budget))
         if baselines:
-            findings.extend(_baselines(metric, measured, profile, budget))
+            found = _baselines(metric, measured, profile, budget)
+            findings.extend(found)
+            machines = budget.machine_baselines.get(metric.key, {})
+            if metric.per_device and not found and machines:
+                notes.append(
+                    f"{metric.key}: no baseline for this machine ({profile.machine}; recorded for {', '.join(sorted(machines))}): "
+                    f"not compared; pytest --modelprof-update records one [{budget.path}:{budget.line_of('baseline.' + metric.key)}]"
+                )
     if any(f.status == REGRESSED for f in findings):
         status = REGRESSED
     elif any(f.status == IMPROVED for f in findings):
         status = IMPROVED
     else:
         status = OK
-    return Verdict(name, status, findings, budget.path, budget.line)
+    return Verdict(name, status, findings, budget.path, budget.line, notes)
 
 
 def _ceilings(metric: Metric, measured: float, profile: Profile, budget: ProfileBudget) -> list[Finding]:
@@ -88,8 +115,10 @@ def _ceilings(metric: Metric, measured: float, profile: Profile, budget: Profile
         limit = budget.ceilings.get(metric.key)
     if limit is None:
         return []
-    status = REGRESSED if measured > limit else OK
-    return [Finding(metric.key, key, measured, limit, limit, budget.path, budget.line_of(key), status)]
+    interval = _interval(metric, profile)
+    low = interval[0] if interval is not None else measured
+    status = REGRESSED if low > limit else OK
+    return [Finding(metric.key, key, measured, limit, limit, budget.path, budget.line_of(key), status, interval=interval)]
 
 
 def _baselines(metric: Metric, measured: float, profile: Profile, budget: ProfileBudget) -> list[Finding]:
@@ -102,17 +131,39 @@ def _baselines(metric: Metric, measured: float, profile: Profile, budget: Profil
         key = f"baseline.{metric.key}"
     if baseline is None:
         return []
+    interval = _interval(metric, profile)
+    note = ""
+    if interval is not None and profile.latency is not None and profile.machine:
+        reference = budget.machine_baselines.get("calibration_ms", {}).get(profile.machine)
+        ratios = profile.latency.ratio_interval(CONFIDENCE)
+        if reference is not None and ratios is not None:
+            raw = measured
+            measured = metric.rounded(stats.median(profile.latency.ratios) * reference)
+            interval = (ratios[0] * reference, ratios[1] * reference)
+            speed = (profile.latency.calibration_seconds or 0) / metric.scale / reference
+            note = f"; at the baseline's machine speed: raw {metric.format(raw)}, calibration x{speed:.3f}"
+    low, high = interval if interval is not None else (measured, measured)
     tolerance = budget.tolerance(metric.key)
     allowed = tolerance.allowed(baseline)
     floor = 2 * baseline - allowed  # as far below the baseline as the tolerance reaches above it
-    if measured > allowed:
+    if low > allowed:
         status = REGRESSED
-    elif measured < floor or (allowed == baseline and measured < baseline):
+    elif high < floor or (allowed == baseline and high < baseline):
         status = IMPROVED
     else:
         status = OK
     line = budget.line_of(f"baseline.{metric.key}")
-    return [Finding(metric.key, key, measured, baseline, metric.rounded(allowed), budget.path, line, status, tolerance.text)]
+    return [
+        Finding(metric.key, key, measured, baseline, metric.rounded(allowed), budget.path, line, status, tolerance.text, interval, note)
+    ]
+
+
+def _interval(metric: Metric, profile: Profile) -> tuple[float, float] | None:
+    """The confidence interval of a sampled figure (latency), in the metric's unit; None for exact ones."""
+    if metric.key != "latency_ms" or profile.latency is None:
+        return None
+    low, high = profile.latency.interval(CONFIDENCE)
+    return low / metric.scale, high / metric.scale
 
 
 def _signed(metric: Metric, change: float) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 import tomlkit
 
-from .metrics import METRICS, Tolerance, is_finite_number
+from .metrics import LIMITED, METRICS, Tolerance, is_finite_number
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,7 +31,7 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
 DEVICES = ("cpu", "cuda")
-PROFILE_KEYS = sorted([f"max_{key}" for key in METRICS] + ["tolerance", "baseline"])
+PROFILE_KEYS = sorted([f"max_{key}" for key in LIMITED] + ["tolerance", "baseline"])
 
 
 class BudgetError(Exception):
@@ -60,6 +60,10 @@ class ProfileBudget:
 
     def tolerance(self, metric: str) -> Tolerance:
         return self.tolerances.get(metric, METRICS[metric].default_tolerance)
+
+    def mentions(self, metric: str) -> bool:
+        """Whether any ceiling or baseline of ``metric`` is set."""
+        return any(metric in table for table in (self.ceilings, self.device_ceilings, self.baselines, self.machine_baselines))
 
     def line_of(self, key: str) -> int:
         """The line of ``key`` (``"max_gflops"``, ``"baseline.gflops"``), else of the profile."""
@@ -129,8 +133,8 @@ def _read_profile(path: Path, name: str, table: Any, lines: dict[tuple[str, ...]
             _read_baselines(path, name, value, budget, line)
         elif key == "tolerance":
             _read_tolerances(path, value, budget, line)
-        elif key.startswith("max_") and key[4:] in METRICS:
-            metric = METRICS[key[4:]]
+        elif key.startswith("max_") and key[4:] in LIMITED:
+            metric = LIMITED[key[4:]]
             if metric.per_device and isinstance(value, dict):
                 for device, limit in value.items():
                     if device not in DEVICES:
@@ -171,11 +175,11 @@ def _read_tolerances(path: Path, value: Any, budget: ProfileBudget, line: Any) -
                 f'a tolerance for every metric must be a percentage such as "2%", got {value!r}; '
                 'give amounts per metric: tolerance = { gflops = "0.1 GFLOPs" }',
             )
-        entries = {key: (value, line("tolerance")) for key in METRICS}
+        entries = {key: (value, line("tolerance")) for key in LIMITED}
     elif isinstance(value, dict):
         for key in value:
-            if key not in METRICS:
-                _unknown(path, line("tolerance", key), key, sorted(METRICS), "in tolerance")
+            if key not in LIMITED:
+                _unknown(path, line("tolerance", key), key, sorted(LIMITED), "in tolerance")
         entries = {key: (text, line("tolerance", key)) for key, text in value.items()}
     else:
         raise BudgetError(

@@ -2,6 +2,11 @@
 
 Budget files use decimal units: 1 GFLOPs = 10^9 FLOPs, 1 MB = 10^6 bytes,
 1 ms = 10^-3 s. Parameters are a plain count.
+
+Latency is measured with a calibration workload timed next to the model (see
+:mod:`pytest_modelprof.engine.timing`); ``calibration_ms`` is recorded beside each
+latency baseline so that a later run can be compared at the baseline's machine speed.
+It is a reference, not a limit: it has no ceiling and no tolerance.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Metric:
     default_tolerance: Tolerance
     read: Callable[[Profile], float | None]
     per_device: bool = False
+    limited: bool = True  # False: a reference recorded with the baselines, never checked itself
 
     def measure(self, profile: Profile) -> float | None:
         """The profile's figure in this metric's unit, rounded as baselines are; None if not measured."""
@@ -74,8 +80,22 @@ METRICS: dict[str, Metric] = {
         Metric("peak_activation_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_activation_bytes),
         Metric("peak_memory_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_memory_bytes),
         Metric("latency_ms", "ms", 1e-3, 4, _percent(10), lambda p: p.latency_seconds, per_device=True),
+        Metric(
+            "calibration_ms",
+            "ms",
+            1e-3,
+            4,
+            _percent(0),
+            lambda p: p.latency.calibration_seconds if p.latency is not None else None,
+            per_device=True,
+            limited=False,
+        ),
     )
 }
+
+
+LIMITED = {key: metric for key, metric in METRICS.items() if metric.limited}
+CONFIDENCE = 0.95  # of the interval a latency must lie wholly beyond to pass or fail a limit
 
 
 def device_kind(profile: Profile) -> str:
