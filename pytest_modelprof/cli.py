@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from .budgets import REGRESSED, BudgetError, check, load_budgets
-from .engine import ProfileError, profile
+from .engine import ProfileError, Timing, profile
 from .report.export import write_modules_csv, write_ops_csv
-from .report.tables import format_memory_report, format_op_table, format_top, format_tree_table
+from .report.tables import format_memory_report, format_op_table, format_op_times, format_top, format_tree_table
 from .report.text import format_header
 
 DTYPES = {
@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="draw FLOPs per top-level module into a PNG, and memory over time into FILE's stem + .memory.png (needs matplotlib)",
     )
+    parser.add_argument(
+        "--latency", action="store_true", help="time the workload on real tensors too (median, spread, throughput, achieved FLOP/s)"
+    )
+    parser.add_argument("--layers", action="store_true", help="with --latency: per-module and per-operator times (torch.profiler)")
+    parser.add_argument("--time-budget", type=float, default=2.0, metavar="S", help="with --latency: seconds of timed repeats (default: 2)")
+    parser.add_argument("--trace", metavar="FILE", help="with --layers: write a Chrome/Perfetto trace (JSON) of the profiled calls")
     parser.add_argument("--budgets", metavar="DIR", help="hold the profile against the budget files in DIR (needs --name)")
     parser.add_argument("--name", help="the profile's name in the budget files")
     return parser
@@ -125,6 +131,14 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
         raise CliError("--budgets needs --name: the profile's name in the budget files")
     if options.optimizer and not options.train:
         raise CliError("--optimizer needs --train: an optimizer step follows a backward pass")
+    if (options.layers or options.trace) and not options.latency:
+        raise CliError("--layers and --trace need --latency: they come from timed calls")
+    if options.trace:
+        options.layers = True
+    try:
+        timing = Timing(budget=options.time_budget, layers=options.layers, trace=options.trace) if options.latency else None
+    except ValueError as error:
+        raise CliError(str(error)) from None
     shapes = parse_shapes(options.input)
     device = _check_device(options.device)
     factory = load_factory(options.model)
@@ -140,7 +154,7 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
     optimizer = OPTIMIZERS[options.optimizer](model.parameters()) if options.optimizer else None
     with progress("profiling"):
         try:
-            result = profile(model, inputs, train=options.train, device=device, optimizer=optimizer)
+            result = profile(model, inputs, train=options.train, device=device, optimizer=optimizer, latency=timing or False)
         except ProfileError as error:
             raise CliError(str(error)) from None
     result.name = options.name or options.model
@@ -267,12 +281,17 @@ def _print_reports(result: Any, options: argparse.Namespace, out: TextIO) -> Non
         print(format_top(result, k=min(options.top, 5), depths=range(1, options.depth + 1)), file=out)
         print(file=out)
     print(format_op_table(result, top=options.top, human=human), file=out)
+    if result.op_times:
+        print(file=out)
+        print(format_op_times(result, top=options.top, human=human), file=out)
     if result.memory is not None:
         print(file=out)
         print(format_memory_report(result, top_parameters=options.top), file=out)
 
 
 def _write_outputs(result: Any, options: argparse.Namespace, out: TextIO) -> None:
+    if options.trace:
+        print(f"wrote {options.trace}", file=out)
     if options.json:
         Path(options.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
         print(f"wrote {options.json}", file=out)

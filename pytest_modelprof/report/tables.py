@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.result import ModuleStats, Profile
-from .text import format_count, format_header
+from .text import format_count, format_header, format_seconds
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,16 @@ def module_columns(profile: Profile) -> list[Column]:
         if profile.train:
             columns.append(Column("activations", lambda m: m.activation_bytes, unit="B"))
         columns.append(Column("peak memory", lambda m: m.peak_bytes, unit="B"))
+    if profile.modules and profile.modules[0].forward_seconds is not None:
+        columns.append(Column("fwd time", lambda m: m.forward_seconds, unit="s"))
+        columns.append(Column("self fwd", lambda m: m.self_forward_seconds, unit="s"))
+        if profile.train:
+            columns.append(Column("bwd time", lambda m: m.backward_seconds, unit="s"))
+            columns.append(Column("self bwd", lambda m: m.self_backward_seconds, unit="s"))
+        if profile.device.startswith("cuda"):
+            columns.append(Column("fwd CUDA", lambda m: m.forward_device_seconds, unit="s"))
+            if profile.train:
+                columns.append(Column("bwd CUDA", lambda m: m.backward_device_seconds, unit="s"))
     columns.append(Column("share", lambda m: m.share))
     return columns
 
@@ -46,6 +56,8 @@ def module_columns(profile: Profile) -> list[Column]:
 def _number(value: float | None, human: bool, unit: str = "") -> str:
     if value is None:
         return ""
+    if unit == "s":
+        return format_seconds(value) if human else f"{value:.6g}"
     if human:
         return format_count(value, unit)
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.6g}"
@@ -275,6 +287,29 @@ def format_op_table(profile: Profile, top: int | None = None, human: bool = True
     return "\n".join(lines)
 
 
+def format_op_times(profile: Profile, top: int | None = None, human: bool = True) -> str:
+    """Operator times per module and phase (torch.profiler names), costliest self time first:
+    calls, self and total CPU time, and on CUDA kernel time; seconds per workload call."""
+    if not profile.op_times:
+        raise ValueError("this profile has no operator times (profile(..., latency=Timing(layers=True)))")
+    cuda = any(o.device_seconds for o in profile.op_times)
+    headers = ("operator", "phase", "module", "calls", "self CPU", "CPU total", *(("self CUDA", "CUDA total") if cuda else ()))
+    total = sum(o.self_seconds for o in profile.op_times)
+    rows = [(*headers, "share")]
+    for op in profile.op_times[:top] if top else profile.op_times:
+        device = (_number(op.self_device_seconds, human, "s"), _number(op.device_seconds, human, "s")) if cuda else ()
+        share = f"{op.self_seconds / total:.1%}" if total else ""
+        row = (op.op, op.phase, op.module or "(outside the model)", f"{op.calls:g}", _number(op.self_seconds, human, "s"))
+        rows.append((*row, _number(op.seconds, human, "s"), *device, share))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        left = "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths[:3]))
+        numbers = "  ".join(cell.rjust(width) for cell, width in zip(row[3:], widths[3:]))
+        lines.append(f"{left}  {numbers}".rstrip())
+    return "\n".join(lines)
+
+
 def format_memory_report(profile: Profile, top_parameters: int = 10) -> str:
     """The peak and what it is made of, each category's maximum, and parameter by
     parameter the weight and gradient bytes: what tuning a batch size needs."""
@@ -314,4 +349,6 @@ def format_profile(profile: Profile, depth: int = 2, top_ops: int = 8, human: bo
         parts.append(format_op_table(profile, top=top_ops, human=human))
     if profile.memory is not None and profile.train:
         parts.append(format_memory_report(profile, top_parameters=5))
+    if top_ops and profile.op_times:
+        parts.append(format_op_times(profile, top=top_ops, human=human))
     return "\n\n".join(parts)
