@@ -161,3 +161,25 @@ def test_training_step_with_an_optimizer(tmp_path):
     # AdamW: 14 FLOPs per parameter element, plus one step-counter increment per tensor
     assert data["optimizer_flops"] == 14 * data["params"] + 62
     assert "optimizer 156.54 M" in text
+
+
+def test_latency_with_layer_times_and_a_trace(tmp_path):
+    trace = tmp_path / "trace.json"
+    status, text = run(*SMALL, "--latency", "--time-budget", "0.3", "--trace", str(trace), "--top", "5")
+    assert status == 0
+    header = text.split("\n\n")[0]
+    assert "  latency " in header and "median of" in header and "samples/s" in header and "FLOP/s achieved" in header
+    assert "fwd time" in text and "self fwd" in text  # time columns in the module tree
+    table = text[text.index("operator  ", text.index("self CPU") - 200) :].splitlines()
+    assert "self CPU" in table[0] and len(table) > 5 and all(line.startswith("aten::") for line in table[1:6])
+    assert f"wrote {trace}" in text
+    assert any(e.get("name") == "modelprof::layer1" for e in json.loads(trace.read_text())["traceEvents"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--layers"], "--layers and --trace need --latency"), (["--latency", "--time-budget", "0"], "positive number of seconds")],
+)
+def test_latency_option_errors(args, message, capsys):
+    assert main([*SMALL, *args], out=io.StringIO()) == 2
+    assert message in capsys.readouterr().err

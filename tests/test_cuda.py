@@ -26,3 +26,39 @@ def test_cpu_model_profiled_on_cuda_is_not_moved():
     assert result.device.startswith("cuda")
     assert all(p.device.type == "cpu" for p in model.parameters())
     assert flop_figures(result) == flop_figures(profile(model.cuda(), torch.randn(2, 3, 16, 16).cuda()))
+
+
+def test_cuda_latency_agrees_with_events_timed_by_hand():
+    from pytest_modelprof import Timing
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).cuda().eval()
+    x = torch.randn(8192, 2048, device="cuda")  # milliseconds per call: one call per repeat, as timed by hand
+    ours, theirs = [], []
+    for _ in range(3):  # interleaved, so that clocks and neighbours reach both alike
+        ours.append(profile(model, x, memory=False, latency=Timing(budget=0.5, calibrate=False)).latency_seconds)
+        with torch.no_grad():
+            for _ in range(5):
+                model(x)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            samples = []
+            for _ in range(50):
+                start.record()
+                model(x)
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / 1e3)
+        theirs.append(sorted(samples)[len(samples) // 2])
+    ours.sort()
+    theirs.sort()
+    assert ours[1] == pytest.approx(theirs[1], rel=0.05)
+
+
+def test_cuda_operator_times_hold_kernel_time():
+    from pytest_modelprof import Timing
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU()).cuda()
+    result = profile(model, torch.randn(512, 1024, device="cuda"), train=True, latency=Timing(budget=0.3, layers=True))
+    assert result.machine.startswith("cuda-")
+    kernels = [o for o in result.op_times if o.self_device_seconds > 0]
+    assert {o.phase for o in kernels} >= {"forward", "backward"}
+    assert result.module("0").forward_device_seconds > 0 and result.module("0").backward_device_seconds > 0

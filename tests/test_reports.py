@@ -185,3 +185,23 @@ def test_top_types_by_activation_memory_and_memory_in_csv():
     rows = {row["path"]: row for row in csv.DictReader(io.StringIO(modules.getvalue()))}
     assert int(rows["encoder.1"]["activation_bytes"]) == 4 * 2 * 16
     assert max(int(rows[""]["forward_peak_bytes"]), int(rows[""]["backward_peak_bytes"])) == result.peak_memory_bytes
+
+
+def test_a_timed_profile_reports_its_latency_and_layer_times():
+    from torch import nn
+
+    from pytest_modelprof import Timing
+    from pytest_modelprof.report.tables import format_op_times
+    from pytest_modelprof.report.text import format_header
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    result = profile(model, torch.randn(16, 64), train=True, latency=Timing(budget=0.2, layers=True))
+    header = format_header(result)
+    assert f"median of {result.latency.runs} repeats" in header
+    assert f"on {result.machine}: " in header and "samples/s" in header
+    tree = format_tree_table(result)
+    assert all(column in tree.splitlines()[0] for column in ("fwd time", "self fwd", "bwd time", "self bwd"))
+    table = format_op_times(result).splitlines()
+    assert table[0].split()[:6] == ["operator", "phase", "module", "calls", "self", "CPU"]
+    assert any(line.startswith("aten::addmm") and " forward " in line and " 0 " in line for line in table)
+    assert any(line.startswith("aten::mm") and " backward " in line for line in table)
