@@ -67,8 +67,8 @@ def _merge(table: Table | Any, values: dict[str, Any]) -> None:
     for key, value in values.items():
         if isinstance(value, dict):
             inner = table.get(key)
-            if inner is None:
-                inner = tomlkit.table()
+            if inner is None:  # per-machine values: one line, { machine = value }
+                inner = tomlkit.inline_table()
                 table.add(key, inner)
             _merge(inner, value)
         elif table.get(key) != value:
