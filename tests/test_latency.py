@@ -75,13 +75,13 @@ def test_median_interval_covers_the_median_at_its_confidence():
 
 def test_latency_of_a_matrix_product_agrees_with_torch_benchmark_timer():
     model, x = MatMul(512).eval(), torch.randn(512, 512)
-    ours, theirs = [], []
-    for _ in range(3):  # interleaved, so that drift of the machine reaches both alike
-        ours.append(profile(model, x, memory=False, latency=Timing(budget=0.5, calibrate=False)).latency_seconds)
+    ratios = []
+    for _ in range(5):  # adjacent pairs, so that drift of the machine reaches both alike
+        ours = profile(model, x, memory=False, latency=Timing(budget=0.3, calibrate=False)).latency_seconds
         with torch.no_grad():
             timer = Timer("model(x)", globals={"model": model, "x": x}, num_threads=torch.get_num_threads())
-            theirs.append(timer.blocked_autorange(min_run_time=0.5).median)
-    assert statistics.median(ours) == pytest.approx(statistics.median(theirs), rel=0.05)
+            ratios.append(ours / timer.blocked_autorange(min_run_time=0.3).median)
+    assert statistics.median(ratios) == pytest.approx(1.0, rel=0.05)
 
 
 def test_latency_statistics_throughput_and_flop_rate():
@@ -143,19 +143,28 @@ def test_timing_leaves_the_model_and_optimizer_as_they_were():
 # per-module and per-operator times ---------------------------------------------------
 
 
+def mlp():
+    block = lambda: nn.Sequential(nn.Linear(1024, 1024), nn.ReLU())  # noqa: E731
+    return nn.Sequential(block(), block(), nn.Linear(1024, 1024))
+
+
 def test_module_times_add_up_to_the_model_latency():
-    result = profile(ConvStack(), torch.randn(4, 3, 64, 64), memory=False, latency=Timing(budget=1.0, layers=True, layer_repeats=5))
-    root = result.module("")
-    children = [m for m in result.modules if m.depth == 1]
-    assert sum(m.self_forward_seconds for m in result.modules) == pytest.approx(root.forward_seconds)
-    assert sum(m.forward_seconds for m in children) == pytest.approx(result.latency_seconds, rel=0.10)
-    assert root.forward_seconds == pytest.approx(result.latency_seconds, rel=0.10)
-    body = result.module("body")
-    assert body.forward_seconds == pytest.approx(sum(result.module(f"body.{i}").forward_seconds for i in range(4)), rel=0.10)
-    assert body.self_forward_seconds < 0.1 * body.forward_seconds
-    convolutions = [o for o in result.op_times if o.op == "aten::conv2d"]
-    assert {o.module for o in convolutions} == {"stem.0", "body.0", "body.2"}
-    assert all(o.calls == 1 and o.phase == "forward" for o in convolutions)
+    # Both are measured at different moments of a noisy machine: take the median of a few
+    # rounds, each timing the model and then profiling its layers.
+    # operators of several milliseconds: the profiler's few microseconds per operator stay small beside them
+    model, x = mlp(), torch.randn(512, 1024)
+    rounds = [profile(model, x, memory=False, latency=Timing(budget=0.5, layers=True, layer_repeats=9)) for _ in range(7)]
+    for result in rounds:
+        root = result.module("")
+        assert sum(m.self_forward_seconds for m in result.modules) == pytest.approx(root.forward_seconds, rel=0.05)
+        first = result.module("0")
+        assert first.self_forward_seconds < 0.1 * first.forward_seconds  # a container's own time is its hooks'
+        linears = [o for o in result.op_times if o.op == "aten::linear"]
+        assert sorted(o.module for o in linears) == ["0.0", "1.0", "2"]
+        assert all(o.calls == 1 and o.phase == "forward" for o in linears)
+    children = statistics.median(sum(m.forward_seconds for m in r.modules if m.depth == 1) / r.latency_seconds for r in rounds)
+    assert children == pytest.approx(1.0, rel=0.10)
+    assert statistics.median(r.module("").forward_seconds / r.latency_seconds for r in rounds) == pytest.approx(1.0, rel=0.10)
 
 
 def test_backward_time_goes_to_the_module_that_ran_forward():

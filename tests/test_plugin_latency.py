@@ -2,8 +2,9 @@
 
 import json
 
-import tomllib
+import tomlkit
 from conftest import write_budget
+from test_plugin_json import validate
 
 from pytest_modelprof import machine_name
 
@@ -20,6 +21,7 @@ def test_a_profile_is_timed_when_its_budget_holds_a_latency_limit(project):
     result = project.runpytest(FAST, "--modelprof-json=out")
     result.assert_outcomes(passed=1)
     document = profile_json(project)
+    validate(document, "profile.schema.json")
     latency = document["profile"]["latency"]
     assert latency["machine"] == machine_name(__import__("torch").device("cpu"))
     assert len(latency["samples"]) >= 10 and len(latency["calibration"]) == len(latency["samples"])
@@ -47,7 +49,7 @@ def test_the_update_records_latency_and_calibration_for_this_machine(project):
     project.runpytest(FAST, "--modelprof-update").assert_outcomes(passed=1)
     text = path.read_text()
     assert "max_latency_ms = { cpu = 10000.0 }  # generous" in text
-    baseline = tomllib.loads(text)["profiles"]["test_models.py::test_small"]["baseline"]
+    baseline = tomlkit.parse(text).unwrap()["profiles"]["test_models.py::test_small"]["baseline"]
     machine = machine_name(__import__("torch").device("cpu"))
     assert set(baseline["latency_ms"]) == {machine} and baseline["latency_ms"][machine] > 0
     assert set(baseline["calibration_ms"]) == {machine} and baseline["calibration_ms"][machine] > 0
@@ -78,7 +80,10 @@ def test_a_test_can_ask_for_timing_options(project):
             assert result.module("").forward_seconds > 0
         """
     )
-    project.runpytest().assert_outcomes(passed=1)
+    project.runpytest("--modelprof-json=out").assert_outcomes(passed=1)
+    document = profile_json(project)
+    validate(document, "profile.schema.json")  # with module and operator times
+    assert document["profile"]["op_times"]
 
 
 def test_a_bad_time_budget_is_a_usage_error(project):

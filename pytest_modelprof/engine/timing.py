@@ -11,7 +11,7 @@ How a latency is measured (:func:`measure_latency`):
    same inputs gets a :class:`LatencyWarning`, and so does an inference output that
    changes between the two calls.
 2. Warm-up calls, timed, estimate one call; a repeat then runs enough calls back to
-   back to last at least a millisecond (timer resolution and launch jitter vanish), and
+   back to last at least 5 ms (timer resolution and launch jitter vanish), and
    the number of repeats fills the time budget.
 3. Repeats of the model alternate with repeats of a fixed calibration workload (a
    convolution and a matrix product of fixed size) on the same device. The ratio of
@@ -31,6 +31,7 @@ the autograd sequence number, as the FLOP meter does).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import platform
@@ -46,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.profiler import ProfilerActivity
+from torch.profiler import ProfilerActivity, schedule
 from torch.profiler import profile as torch_profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -55,7 +56,7 @@ from .errors import ProfileError
 from .modules import ROOT, ModuleTracker, StackKey
 from .result import LatencyReport, ModuleStats, OpTime
 
-MIN_SAMPLE_SECONDS = 1e-3  # a repeat runs calls back to back until it lasts this long
+MIN_SAMPLE_SECONDS = 5e-3  # a repeat runs calls back to back until it lasts this long
 MAX_REPEATS = 100_000
 
 
@@ -285,6 +286,15 @@ def batch_size_of(args: Any) -> int | None:
 # per-module and per-operator times ----------------------------------------------
 
 _LABEL = "modelprof::"
+_CALL = "modelprof-call"
+_TIME_FIELDS = (
+    "forward_seconds",
+    "backward_seconds",
+    "self_forward_seconds",
+    "self_backward_seconds",
+    "forward_device_seconds",
+    "backward_device_seconds",
+)
 _BACKWARD_NODE = "autograd::engine::evaluate_function: "
 
 
@@ -340,17 +350,10 @@ class LayerTimes:
     calls: int
 
     def apply(self, modules: list[ModuleStats]) -> None:
-        for stats in modules:
-            times = self.modules.get(stats.path, {})
-            for name in (
-                "forward_seconds",
-                "backward_seconds",
-                "self_forward_seconds",
-                "self_backward_seconds",
-                "forward_device_seconds",
-                "backward_device_seconds",
-            ):
-                setattr(stats, name, times.get(name, 0.0))
+        for module in modules:
+            times = self.modules.get(module.path, {})
+            for name in _TIME_FIELDS:
+                setattr(module, name, times.get(name, 0.0))
 
 
 def layer_times(
@@ -361,23 +364,32 @@ def layer_times(
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     tracker = ModuleTracker(named_modules)
-    with torch_profile(activities=activities) as profiler:
+    # one profiled call first, discarded: the profiler's own start-up lands in it
+    with torch_profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=calls, repeat=1)) as profiler:
         with tracker, _Labels(tracker):
-            for _ in range(calls):
-                step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            for _ in range(calls + 1):
+                with torch.autograd.profiler.record_function(_CALL):
+                    step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                profiler.step()
     if trace is not None:
         profiler.export_chrome_trace(str(trace))
     return _attribute(profiler.events(), tracker, calls)
 
 
 def _attribute(events: Any, tracker: ModuleTracker, calls: int) -> LayerTimes:
-    us = 1e-6 / calls
-    times: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    """Module times: those of the median profiled call (one slow call moves nothing);
+    operator times: the mean per call (so that they add up to their totals)."""
+    us = 1e-6
+    starts = sorted(e.time_range.start for e in events if e.name == _CALL)
+    per_call: list[dict[str, dict[str, float]]] = [defaultdict(lambda: defaultdict(float)) for _ in starts]
     ops: dict[tuple[str, str, str], OpTime] = {}
     for event in events:
         name = event.name
+        if name == _CALL or name.startswith("ProfilerStep") or not starts:
+            continue
+        times = per_call[max(bisect.bisect_right(starts, event.time_range.start) - 1, 0)]
         if name.startswith(_LABEL):
             if _owner(event)[0] == "forward":  # (a range in the backward pass is recomputation: its node counts it)
                 path = name[len(_LABEL) :]
@@ -401,13 +413,24 @@ def _attribute(events: Any, tracker: ModuleTracker, calls: int) -> LayerTimes:
         for path in key:
             times[path][f"{phase}_device_seconds"] += device_self
         row = ops.setdefault((name, phase, key[-1] if key else ""), OpTime(name, phase, key[-1] if key else ""))
-        row.calls += event.count / calls
+        row.calls += event.count
         row.seconds += event.cpu_time_total * us
         row.self_seconds += event.self_cpu_time_total * us
         row.device_seconds += event.device_time_total * us
         row.self_device_seconds += device_self
+    for row in ops.values():  # per call of the workload
+        row.calls /= calls
+        row.seconds /= calls
+        row.self_seconds /= calls
+        row.device_seconds /= calls
+        row.self_device_seconds /= calls
+    # every module's figures from one call, the median one by the model's total: robust to a
+    # slow call, and the figures still add up (a module's time is its children's plus its own)
+    totals = [times[ROOT[0]].get("forward_seconds", 0.0) + times[ROOT[0]].get("backward_seconds", 0.0) for times in per_call]
+    middle = per_call[sorted(range(len(totals)), key=totals.__getitem__)[len(totals) // 2]] if per_call else {}
+    modules = {path: dict(values) for path, values in middle.items()}
     op_rows = sorted(ops.values(), key=lambda r: (-r.self_seconds, r.op, r.phase, r.module))
-    return LayerTimes({path: dict(values) for path, values in times.items()}, op_rows, events, calls)
+    return LayerTimes(modules, op_rows, events, calls)
 
 
 def _child_labels(event: Any) -> Iterator[Any]:
