@@ -205,3 +205,8 @@ def test_a_timed_profile_reports_its_latency_and_layer_times():
     assert table[0].split()[:6] == ["operator", "phase", "module", "calls", "self", "CPU"]
     assert any(line.startswith("aten::addmm") and " forward " in line and " 0 " in line for line in table)
     assert any(line.startswith("aten::mm") and " backward " in line for line in table)
+    assert "time share" in tree.splitlines()[0] and "100.0%" in tree.splitlines()[1]
+    only_first = format_op_times(result, paths=["0"]).splitlines()[1:]
+    assert only_first and all(" 0 " in line for line in only_first)
+    assert result.profiler_events is not None and "profiler_events" not in result.to_dict()
+    assert any(e.name == "modelprof::0" for e in result.profiler_events)

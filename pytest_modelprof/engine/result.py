@@ -254,6 +254,8 @@ class Profile:
     memory: MemoryReport | None = None
     latency: LatencyReport | None = None
     op_times: list[OpTime] = field(default_factory=list)
+    # the raw torch.profiler events of the layer timing (an EventList); not serialized
+    profiler_events: Any = field(default=None, repr=False, compare=False)
 
     @property
     def flops(self) -> int:
@@ -294,7 +296,8 @@ class Profile:
         return OpStats(op, phase or "all", sum(r.calls for r in rows), sum(r.flops for r in rows), sum(r.macs for r in rows), modules)
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = dataclasses.asdict(dataclasses.replace(self, profiler_events=None))
+        del data["profiler_events"]
         data.update(flops=self.flops, macs=self.macs, model_size_bytes=self.model_size_bytes, flops_per_second=self.flops_per_second)
         return data
 

@@ -78,7 +78,8 @@ def profile(
     apart from the meters: ``Profile.latency`` holds the repeats and their statistics,
     ``latency_seconds`` the median and ``machine`` what it ran on. ``Timing(layers=True)``
     adds per-module times (on ``Profile.modules``) and per-operator times
-    (``Profile.op_times``) from :mod:`torch.profiler`.
+    (``Profile.op_times``) from :mod:`torch.profiler`, whose raw events stay on
+    ``Profile.profiler_events``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
@@ -177,6 +178,7 @@ def profile(
                 times = layer_times(step, named_modules, target, timing.layer_repeats, timing.trace)
                 times.apply(result.modules)
                 result.op_times = times.ops
+                result.profiler_events = times.events
     return result
 
 

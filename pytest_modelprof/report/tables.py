@@ -49,8 +49,15 @@ def module_columns(profile: Profile) -> list[Column]:
             columns.append(Column("fwd CUDA", lambda m: m.forward_device_seconds, unit="s"))
             if profile.train:
                 columns.append(Column("bwd CUDA", lambda m: m.backward_device_seconds, unit="s"))
+        whole = _seconds(profile.modules[0])
+        columns.append(Column("time share", lambda m: _seconds(m) / whole if whole else None))
     columns.append(Column("share", lambda m: m.share))
     return columns
+
+
+def _seconds(module: ModuleStats) -> float:
+    """A module's time in the workload: its forward and backward, children included."""
+    return (module.forward_seconds or 0.0) + (module.backward_seconds or 0.0)
 
 
 def _number(value: float | None, human: bool, unit: str = "") -> str:
@@ -65,7 +72,7 @@ def _number(value: float | None, human: bool, unit: str = "") -> str:
 
 def _cell(column: Column, module: ModuleStats, profile: Profile, human: bool) -> str:
     value = column.value(module)
-    if column.header == "share":
+    if column.header in ("share", "time share"):
         return f"{value:.1%}" if value is not None else ""
     text = _number(value, human, column.unit)
     if column.share_of is not None and value is not None:
@@ -287,16 +294,19 @@ def format_op_table(profile: Profile, top: int | None = None, human: bool = True
     return "\n".join(lines)
 
 
-def format_op_times(profile: Profile, top: int | None = None, human: bool = True) -> str:
+def format_op_times(profile: Profile, top: int | None = None, human: bool = True, paths: Iterable[str] = ()) -> str:
     """Operator times per module and phase (torch.profiler names), costliest self time first:
-    calls, self and total CPU time, and on CUDA kernel time; seconds per workload call."""
+    calls, self and total CPU time, and on CUDA kernel time; seconds per workload call.
+    ``paths`` keeps the operators of those modules and their descendants only."""
     if not profile.op_times:
         raise ValueError("this profile has no operator times (profile(..., latency=Timing(layers=True)))")
+    selected = tuple(paths)
+    op_times = [o for o in profile.op_times if not selected or any(o.module == p or o.module.startswith(p + ".") for p in selected)]
     cuda = any(o.device_seconds for o in profile.op_times)
     headers = ("operator", "phase", "module", "calls", "self CPU", "CPU total", *(("self CUDA", "CUDA total") if cuda else ()))
     total = sum(o.self_seconds for o in profile.op_times)
     rows = [(*headers, "share")]
-    for op in profile.op_times[:top] if top else profile.op_times:
+    for op in op_times[:top] if top else op_times:
         device = (_number(op.self_device_seconds, human, "s"), _number(op.device_seconds, human, "s")) if cuda else ()
         share = f"{op.self_seconds / total:.1%}" if total else ""
         row = (op.op, op.phase, op.module or "(outside the model)", f"{op.calls:g}", _number(op.self_seconds, human, "s"))
