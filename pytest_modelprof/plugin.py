@@ -142,6 +142,18 @@ class ModelProfiler:
         self._state.record(name, self._nodeid, result)
         return result
 
+    def record(self, result: Profile, *, name: str | None = None) -> Profile:
+        """Hold a profile made elsewhere against its budget, e.g. ``MemoryMonitor.profile()``
+        after a few iterations of a real training loop. Named as ``__call__`` names."""
+        if not isinstance(result, Profile):
+            raise TypeError(f"model_profile.record() expects a pytest_modelprof.Profile, got {type(result).__name__}")
+        self._made += 1
+        if name is None:
+            name = result.name or (self._nodeid if self._made == 1 else f"{self._nodeid}#{self._made}")
+        result.name = name
+        self._state.record(name, self._nodeid, result)
+        return result
+
     def _timed(self, name: str, options: dict[str, Any]) -> Any:
         """What to pass as ``latency=``, by the test's request, the budget and ``--modelprof-latency``."""
         if self._latency == "none" or str(options.get("device", "")) == "meta":

@@ -62,3 +62,20 @@ def test_cuda_operator_times_hold_kernel_time():
     kernels = [o for o in result.op_times if o.self_device_seconds > 0]
     assert {o.phase for o in kernels} >= {"forward", "backward"}
     assert result.module("0").forward_device_seconds > 0 and result.module("0").backward_device_seconds > 0
+
+
+def test_monitor_reads_the_caching_allocator():
+    from pytest_modelprof import MemoryMonitor
+
+    model = TinyCNN().cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    with MemoryMonitor(model, optimizer) as monitor:
+        for _ in range(3):
+            torch.cuda.reset_peak_memory_stats()
+            model(torch.randn(4, 3, 16, 16, device="cuda")).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            expected = (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved())
+            row = monitor.record()
+            assert (row.cuda_allocated, row.cuda_max_allocated, row.cuda_reserved) == expected
+    assert monitor.profile().peak_memory_bytes == max(r.cuda_max_allocated for r in monitor.rows)

@@ -78,3 +78,29 @@ def plot_memory_timeline(profile: Profile, path: str | Path) -> None:
     axes.legend(loc="upper left", fontsize=8)
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def plot_monitor(monitor: Any, path: str | Path) -> Path:
+    """A :class:`~pytest_modelprof.MemoryMonitor`'s categories over the recorded iterations, epochs marked."""
+    rows = monitor.rows
+    if not rows:
+        raise ValueError("the monitor recorded no iteration")
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(10, 4.8), layout="constrained")
+    steps = [row.iteration for row in rows]
+    names = ("weights", "gradients", "optimizer_state", "activations_peak", "activations_alive", "cuda_allocated", "cuda_max_allocated")
+    for name in names:
+        values = [getattr(row, name) for row in rows]
+        if any(v for v in values if v is not None):
+            axes.plot(steps, [v or 0 for v in values], label=name.replace("_", " "), lw=1.4)
+    for previous, row in zip(rows, rows[1:]):
+        if row.epoch != previous.epoch:
+            axes.axvline(row.iteration - 0.5, color="grey", lw=0.8, ls=":")
+    axes.set_xlabel("iteration")
+    axes.set_ylabel("bytes")
+    axes.yaxis.set_major_formatter(lambda value, _: format_count(value, "B"))
+    axes.set_title(f"{type(monitor.model).__name__}: memory over the training loop")
+    axes.legend(loc="upper left", fontsize=8)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return Path(path)
