@@ -41,3 +41,34 @@ def test_peak_within_two_percent_of_the_profilers_record(factory, inputs):
     recorded = profiler_peak(model, x)
     measured = profile(model, x, train=True).peak_memory_bytes
     assert abs(measured - recorded) / recorded < 0.02
+
+
+def profiler_category_maxima(model, x, optimizer):
+    """Each category's maximum over the step, by torch.profiler's own memory categories
+    (``torch.profiler._memory_profiler``: it classifies every tensor from the recorded graph)."""
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category, MemoryProfileTimeline
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
+    return {
+        category: max(row[index + 1] for row in sizes) for category, index in _CATEGORY_TO_INDEX.items() if category is not None
+    }, Category
+
+
+def test_category_maxima_agree_with_the_profilers_categories():
+    model = torchvision.models.resnet18(num_classes=10)
+    x = torch.randn(8, 3, 64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(x).sum().backward()  # a first step makes the momentum buffers: both then see a steady-state step
+    optimizer.step()
+    optimizer.zero_grad()
+    theirs, category = profiler_category_maxima(model, x, optimizer)
+    ours = profile(model, x, train=True, optimizer=optimizer).memory.category_max
+    assert ours["parameters"] == theirs[category.PARAMETER]
+    assert ours["gradients"] == theirs[category.GRADIENT]
+    assert ours["optimizer_state"] == theirs[category.OPTIMIZER_STATE]
+    assert ours["activations"] == pytest.approx(theirs[category.ACTIVATION], rel=1e-3)
