@@ -2,12 +2,13 @@
 
 Prints, per model, the time of a plain forward pass, of ``profile(memory=False)``
 (FLOPs only; the memory meter is measured by its own benchmark) and of torch's
-own ``FlopCounterMode`` on the same forward, measured interleaved in one run, and
-their ratios: of the best times (timeit's convention: the least disturbed run on a
-shared machine) and of the medians. Goal: ``profile()`` at most 1.25x the plain
+own ``FlopCounterMode`` on the same forward, measured interleaved in one run (each
+repeat runs the three in a rotated order), and their ratios: of the best times
+(timeit's convention: the least disturbed run on a shared machine) and, in brackets,
+the median of the ratios within each repeat. Goal: ``profile()`` at most 1.25x the plain
 forward, and below ``FlopCounterMode``.
 
-    python benchmarks/flops_overhead.py [--repeats 11]
+    python benchmarks/flops_overhead.py [--repeats 11] [--only gpt2]
 """
 
 from __future__ import annotations
@@ -56,22 +57,28 @@ def seconds(fn, model, x):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--only", metavar="TEXT", help="run the workloads whose name contains TEXT (e.g. gpt2)")
     options = parser.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {options.repeats} interleaved runs; best (median)")
     print(f"{'workload':22s} {'plain':>17s} {'profile':>17s} {'torch':>17s} {'profile/plain':>16s} {'profile/torch':>16s}")
     for name, model, x in workloads():
+        if options.only and options.only not in name:
+            continue
         model.eval()
         for fn in (plain, ours, torch_counter):  # warm-up
             fn(model, x)
-        times = {fn.__name__: [] for fn in (plain, ours, torch_counter)}
-        for _ in range(options.repeats):
-            for fn in (plain, ours, torch_counter):
+        functions = [plain, ours, torch_counter]
+        times = {fn.__name__: [] for fn in functions}
+        for repeat in range(options.repeats):
+            # each repeat runs the three in a rotated order, so that no one always follows another
+            for fn in functions[repeat % 3 :] + functions[: repeat % 3]:
                 times[fn.__name__].append(seconds(fn, model, x))
         best = {k: min(v) for k, v in times.items()}
-        med = {k: statistics.median(v) for k, v in times.items()}
-        cells = [f"{best[k] * 1e3:7.1f} ({med[k] * 1e3:6.1f})ms" for k in ("plain", "ours", "torch_counter")]
-        ratios = [f"{best['ours'] / best[k]:6.3f} ({med['ours'] / med[k]:5.3f})x" for k in ("plain", "torch_counter")]
+        cells = [f"{best[k] * 1e3:7.1f} ({statistics.median(times[k]) * 1e3:6.1f})ms" for k in ("plain", "ours", "torch_counter")]
+        # ratios: of the best times, and (in brackets) the median of the ratios within each repeat
+        paired = {k: statistics.median(a / b for a, b in zip(times["ours"], times[k])) for k in ("plain", "torch_counter")}
+        ratios = [f"{best['ours'] / best[k]:6.3f} ({paired[k]:5.3f})x" for k in ("plain", "torch_counter")]
         print(f"{name:22s} {' '.join(cells)} {' '.join(ratios)}")
 
 
