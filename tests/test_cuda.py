@@ -79,3 +79,18 @@ def test_monitor_reads_the_caching_allocator():
             row = monitor.record()
             assert (row.cuda_allocated, row.cuda_max_allocated, row.cuda_reserved) == expected
     assert monitor.profile().peak_memory_bytes == max(r.cuda_max_allocated for r in monitor.rows)
+
+
+def test_reserved_estimate_against_the_allocator():
+    # a fresh allocator state: what the step reserves is what the model estimates
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10)).cuda()
+    x = torch.randn(256, 2048, device="cuda")
+    estimated = profile(model, x, train=True).memory.estimates
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_reserved()
+    result = profile(model, x, train=True)
+    measured = torch.cuda.max_memory_reserved() - before
+    assert estimated["cublas_workspace_bytes"] > 0
+    assert result.memory.estimates["reserved_bytes"] == pytest.approx(measured + before, rel=0.25)

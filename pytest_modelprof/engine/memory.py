@@ -14,8 +14,8 @@ becomes one; parameters, buffers, inputs and optimizer state never change catego
 
 On fake tensors the same storages exist, without memory behind them, so analytic runs
 give the figures of real ones. For CUDA targets each allocation is rounded up to the
-caching allocator's 512-byte blocks, and the figure is allocated bytes (the allocator's
-reserved segments, cuBLAS/cuDNN workspaces and the CUDA context are not included).
+caching allocator's 512-byte blocks, and the figure is allocated bytes; the allocator's
+reserved segments and the cuBLAS workspace are estimated apart (:mod:`.cuda_estimates`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ class MemoryMeter:
         self.parameters: list[tuple[str, int, int]] = []  # (name, weight bytes, gradient bytes)
         self._finalizers: list[weakref.finalize[Any, Any]] = []
         self._open = True
+        # for CUDA targets, every allocation (address, bytes) and free (address, -1) in order,
+        # replayed by the caching-allocator model of the reserved-memory estimate
+        self.events: list[tuple[int, int]] | None = [] if round_to > 1 else None
 
     # tensors ---------------------------------------------------------------
 
@@ -62,6 +65,8 @@ class MemoryMeter:
         entry = self.live.get(address)
         if entry is None:
             size = storage.nbytes()
+            if self.events is not None:
+                self.events.append((address, size))
             if self.round_to > 1:
                 size = -(-size // self.round_to) * self.round_to
             self.live[address] = [size, category]
@@ -99,6 +104,8 @@ class MemoryMeter:
         entry = self.live.pop(address, None)
         if entry is not None and self._open:
             self.totals[entry[1]] -= entry[0]
+            if self.events is not None:
+                self.events.append((address, -1))
 
     # time --------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .cuda_estimates import CUBLAS_OPS, cublas_workspace_bytes, reserved_bytes
 from .errors import FormulaError, ProfileError
 from .flops import FlopMeter
 from .memory import ACTIVATIONS, BUFFERS, CATEGORIES, CUDA_BLOCK, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
@@ -530,11 +531,24 @@ def _build_profile(
         stats.share = stats.flops / total if total else 0.0
     result.modules = list(modules.values())
     if meter.memory is not None:
-        _add_memory(result, modules, meter.memory)
+        _add_memory(result, modules, meter.memory, {name for _, _, name in meter.tally}, target)
     return result
 
 
-def _add_memory(result: Profile, modules: dict[str, ModuleStats], memory: MemoryMeter) -> None:
+def _cuda_estimates(memory: MemoryMeter, ran: set[str], target: torch.device) -> dict[str, int | None]:
+    """What a CUDA process holds beyond the allocated bytes, estimated (see :mod:`.cuda_estimates`)."""
+    sm90 = False
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(target)
+        sm90 = (major, minor) == (9, 0)
+    workspace = cublas_workspace_bytes(sm90) if ran & CUBLAS_OPS else 0
+    events = memory.events or []
+    # the workspace comes from the allocator at the first matrix product: replayed first
+    reserved = reserved_bytes(([(-1, workspace)] if workspace else []) + events)
+    return {"reserved_bytes": reserved, "cublas_workspace_bytes": workspace, "cudnn_workspace_bytes": None, "cuda_context_bytes": None}
+
+
+def _add_memory(result: Profile, modules: dict[str, ModuleStats], memory: MemoryMeter, ran: set[str], target: torch.device) -> None:
     phase, key = memory.peak_where
     result.memory = MemoryReport(
         peak_bytes=memory.peak,
@@ -546,6 +560,7 @@ def _add_memory(result: Profile, modules: dict[str, ModuleStats], memory: Memory
         timeline=[(phase, list(row)) for phase, row in memory.timeline],
         block_bytes=memory.round_to,
         parameters=memory.parameters,
+        estimates=_cuda_estimates(memory, ran, target) if memory.events is not None else {},
     )
     result.peak_memory_bytes = memory.peak
     result.peak_activation_bytes = memory.category_max[ACTIVATIONS]

@@ -320,6 +320,14 @@ def format_op_times(profile: Profile, top: int | None = None, human: bool = True
     return "\n".join(lines)
 
 
+_ESTIMATES = {
+    "reserved_bytes": ("reserved", "caching allocator model, cuBLAS workspace included"),
+    "cublas_workspace_bytes": ("cuBLAS workspace", "also allocated: add it to compare with max_memory_allocated"),
+    "cudnn_workspace_bytes": ("cuDNN workspace", "chosen per convolution algorithm at run time"),
+    "cuda_context_bytes": ("CUDA context", "driver, GPU and loaded kernels; outside the allocator"),
+}
+
+
 def format_memory_report(profile: Profile, top_parameters: int = 10) -> str:
     """The peak and what it is made of, each category's maximum, and parameter by
     parameter the weight and gradient bytes: what tuning a batch size needs."""
@@ -340,6 +348,11 @@ def format_memory_report(profile: Profile, top_parameters: int = 10) -> str:
         lines.append(
             f"  {category:<{width}}  {format_count(at_peak, 'B'):>11}  {share:>6}  {format_count(memory.category_max[category], 'B'):>11}"
         )
+    if memory.estimates:
+        lines.append("  estimates for the CUDA process, not in the peak above:")
+        for key, text in _ESTIMATES.items():
+            value = memory.estimates.get(key)
+            lines.append(f"    {text[0]:<22} {format_count(value, 'B') if value is not None else 'not estimated':>13}  ({text[1]})")
     largest = sorted(memory.parameters, key=lambda p: (-p[1], p[0]))[:top_parameters]
     if largest:
         name_width = max(len(name) for name, _, _ in largest)
