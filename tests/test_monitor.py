@@ -82,6 +82,10 @@ def test_printed_iterations_report_intermediate_gradients(capsys):
     # the gradients of the module outputs: at least one (8 x 128) float32 gradient, at most all three outputs' at once
     assert BATCH * 128 * 4 <= sampled[1] <= BATCH * (128 + 128 + 10) * 4
     assert sampled[1] == sampled[3]
+    with MemoryMonitor(model, optimizer, print_period=1, report_parameters=-1) as monitor:
+        train(model, monitor, optimizer, vectors, epochs=1, steps=1)
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "; parameters 0.weight 0.03 MB (grad 0.00 MB), 2.weight 0.01 MB (grad 0.00 MB), 0.bias" in line and "2.bias" in line
 
 
 @pytest.mark.parametrize(

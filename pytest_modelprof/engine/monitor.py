@@ -132,7 +132,8 @@ class MemoryMonitor:
     """Records the memory of a training loop at every :meth:`record` (see the module docs).
 
     ``print_period=N`` prints a report every N recorded iterations to ``stream`` (standard
-    output by default; 0: never). ``csv_dir`` receives ``epoch_<n>.csv`` at each
+    output by default; 0: never), with the weight and gradient bytes of the
+    ``report_parameters`` largest parameters (-1: every parameter; 0: none). ``csv_dir`` receives ``epoch_<n>.csv`` at each
     :meth:`epoch_end` (one row per recorded iteration, columns :data:`COLUMNS`) and
     ``memory.json`` (everything so far). Use it as a context manager, or call :meth:`close`:
     that removes its hooks.
@@ -146,6 +147,7 @@ class MemoryMonitor:
         print_period: int = 0,
         csv_dir: str | os.PathLike[str] | None = None,
         stream: TextIO | None = None,
+        report_parameters: int = 3,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"MemoryMonitor expects a torch.nn.Module, got {type(model).__name__}")
@@ -158,6 +160,7 @@ class MemoryMonitor:
         self.print_period = print_period
         self.csv_dir = Path(csv_dir) if csv_dir is not None else None
         self.stream = stream
+        self.report_parameters = report_parameters
         self.rows: list[IterationMemory] = []
         self.growth: list[Growth] = []
         self.epoch = 1
@@ -400,8 +403,11 @@ class MemoryMonitor:
                 f"CUDA allocated {_mb(row.cuda_allocated)} (peak {_mb(row.cuda_max_allocated or 0)}), "
                 f"reserved {_mb(row.cuda_reserved or 0)} (peak {_mb(row.cuda_max_reserved or 0)})"
             )
-        largest = sorted(self.parameters(), key=lambda p: -p[1])[:3]
-        parts.append("largest parameters " + ", ".join(f"{n} {_mb(w)} (grad {_mb(g)})" for n, w, g in largest))
+        if self.report_parameters:
+            ranked = sorted(self.parameters(), key=lambda p: -p[1])
+            shown = ranked if self.report_parameters < 0 else ranked[: self.report_parameters]
+            label = "parameters" if len(shown) == len(ranked) else "largest parameters"
+            parts.append(f"{label} " + ", ".join(f"{n} {_mb(w)} (grad {_mb(g)})" for n, w, g in shown))
         return f"[memory] epoch {row.epoch} iteration {row.iteration}: " + "; ".join(parts)
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
