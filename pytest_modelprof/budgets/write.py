@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Table
 
+from .._files import replace_atomically
 from ..engine.result import Profile
 from .load import BudgetError, Budgets
 from .metrics import METRICS
@@ -88,18 +88,7 @@ def write_atomically(path: Path, text: str) -> bool:
         if is_read_only(path):
             raise BudgetError(path, None, "is read-only: baselines cannot be updated (make it writable, or run without --modelprof-update)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if path.exists():
-            os.chmod(temporary, stat.S_IMODE(path.stat().st_mode))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_atomically(path, text)
     return True
 
 

@@ -41,10 +41,10 @@ first record is flagged (a :class:`MemoryGrowthWarning`, :attr:`MemoryMonitor.gr
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import sys
-import tempfile
 import warnings
 import weakref
 from dataclasses import asdict, dataclass, field, fields
@@ -55,7 +55,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from .._files import replace_atomically
 from .result import Profile
+from .run import model_figures
 
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations_peak", "activations_alive", "intermediate_gradients_peak")
 GROWING = ("gradients", "optimizer_state", "activations_alive", "cuda_allocated")  # what a leak makes grow
@@ -303,8 +305,8 @@ class MemoryMonitor:
             self._epoch_ends.append(rows[-1])
         if self.csv_dir is not None:
             self.csv_dir.mkdir(parents=True, exist_ok=True)
-            _write_atomically(self.csv_dir / f"epoch_{self.epoch}.csv", _csv(rows))
-            _write_atomically(self.csv_dir / "memory.json", json.dumps(self.to_dict(), indent=2) + "\n")
+            replace_atomically(self.csv_dir / f"epoch_{self.epoch}.csv", _csv(rows))
+            replace_atomically(self.csv_dir / "memory.json", json.dumps(self.to_dict(), indent=2) + "\n")
         self.epoch += 1
         self._epoch_start = len(self.rows)
         return found
@@ -367,8 +369,6 @@ class MemoryMonitor:
         """
         if not self.rows:
             raise RuntimeError("no iteration recorded: call record() after each iteration first")
-        params = list({id(p): p for p in self.model.parameters()}.values())
-        buffers = list({id(b): b for b in self.model.buffers()}.values())
         if self.cuda:
             peak = self.maximum("cuda_max_allocated")
         else:
@@ -378,13 +378,9 @@ class MemoryMonitor:
             train=True,
             device=str(self.device),
             analytic=False,
-            params=sum(p.numel() for p in params),
-            trainable_params=sum(p.numel() for p in params if p.requires_grad),
-            buffers=sum(b.numel() for b in buffers),
-            param_bytes=sum(p.numel() * p.element_size() for p in params),
-            buffer_bytes=sum(b.numel() * b.element_size() for b in buffers),
             peak_activation_bytes=self.maximum("activations_peak"),
             peak_memory_bytes=peak,
+            **model_figures(self.model.parameters(), self.model.buffers()),
         )
         result.name = name
         return result
@@ -435,22 +431,9 @@ def _mb(value: int) -> str:
 
 
 def _csv(rows: list[IterationMemory]) -> str:
-    import io
-
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(COLUMNS)
     for row in rows:
         writer.writerow(["" if v is None else v for v in (getattr(row, c) for c in COLUMNS)])
     return buffer.getvalue()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

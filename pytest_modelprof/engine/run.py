@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -108,14 +108,9 @@ def profile(
     meter = FlopMeter(tracker)
     training_flags = {module: module.training for _, module in named_modules}
     with contextlib.ExitStack() as stack:
-        # an optimizer step writes into the parameters: then the run needs copies of its own
-        params, buffers, run_args, run_kwargs = _prepare(
-            named_params, named_buffers, args, kwargs, fake_mode, target, train, copy_params=optimizer is not None
+        params, buffers, run_args, run_kwargs, run_optimizer = _run_copies(
+            model, named_params, named_buffers, args, kwargs, fake_mode, target, train, optimizer
         )
-        run_optimizer = None
-        if optimizer is not None:
-            run_tensors = {id(named_params[name]): tensor for name, tensor in params.items()}
-            run_optimizer = _copy_optimizer(optimizer, run_tensors, lambda t: _copy_state(t, fake_mode, target), type(model).__name__)
         if fake_mode is None:
             stack.enter_context(torch.random.fork_rng(devices=[target] if target.type == "cuda" else [], device_type=target.type))
         else:
@@ -205,13 +200,9 @@ def _workload(
     not touched (a training step works on its own tensors and optimizer copy), the
     train/eval flags and the RNG state are restored afterwards.
     """
-    params, buffers, run_args, run_kwargs = _prepare(
-        named_params, named_buffers, args, kwargs, None, target, train, copy_params=optimizer is not None
+    params, buffers, run_args, run_kwargs, run_optimizer = _run_copies(
+        model, named_params, named_buffers, args, kwargs, None, target, train, optimizer
     )
-    run_optimizer = None
-    if optimizer is not None:
-        run_tensors = {id(named_params[name]): tensor for name, tensor in params.items()}
-        run_optimizer = _copy_optimizer(optimizer, run_tensors, lambda t: _copy_state(t, None, target), type(model).__name__)
     in_place = not train and all(t.device == target for t in (*named_params.values(), *named_buffers.values()))
     state = None if in_place else {**params, **buffers}
     trainable = [t for t in params.values() if t.requires_grad]
@@ -302,6 +293,29 @@ def _choose_mode(
     if target.type == "cuda" and not torch.cuda.is_available():
         raise ProfileError(f"device {str(target)!r} was asked for, but CUDA is not available on this machine")
     return None, target
+
+
+def _run_copies(
+    model: nn.Module,
+    named_params: dict[str, torch.Tensor],
+    named_buffers: dict[str, torch.Tensor],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    fake_mode: FakeTensorMode | None,
+    target: torch.device,
+    train: bool,
+    optimizer: torch.optim.Optimizer | None,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any], torch.optim.Optimizer | None]:
+    """The run's tensors (see :func:`_prepare`) and its copy of the optimizer over them."""
+    # an optimizer step writes into the parameters: then the run needs copies of its own
+    params, buffers, run_args, run_kwargs = _prepare(
+        named_params, named_buffers, args, kwargs, fake_mode, target, train, copy_params=optimizer is not None
+    )
+    run_optimizer = None
+    if optimizer is not None:
+        run_tensors = {id(named_params[name]): tensor for name, tensor in params.items()}
+        run_optimizer = _copy_optimizer(optimizer, run_tensors, lambda t: _copy_state(t, fake_mode, target), type(model).__name__)
+    return params, buffers, run_args, run_kwargs, run_optimizer
 
 
 def _prepare(
@@ -492,19 +506,13 @@ def _build_profile(
     target: torch.device,
     analytic: bool,
 ) -> Profile:
-    unique_params = list({id(p): p for p in named_params.values()}.values())
-    unique_buffers = list({id(b): b for b in named_buffers.values()}.values())
     result = Profile(
         model=type(model).__name__,
         train=train,
         device=str(target),
         analytic=analytic,
-        params=sum(p.numel() for p in unique_params),
-        trainable_params=sum(p.numel() for p in unique_params if p.requires_grad),
-        buffers=sum(b.numel() for b in unique_buffers),
-        param_bytes=sum(p.numel() * p.element_size() for p in unique_params),
-        buffer_bytes=sum(b.numel() * b.element_size() for b in unique_buffers),
         uncounted=dict(sorted(meter.uncounted.items())),
+        **model_figures(named_params.values(), named_buffers.values()),
     )
     modules = _module_rows(named_modules, tracker)
     ops: dict[tuple[str, str], OpStats] = {}
@@ -533,6 +541,27 @@ def _build_profile(
     if meter.memory is not None:
         _add_memory(result, modules, meter.memory, {name for _, _, name in meter.tally}, target)
     return result
+
+
+class ModelFigures(TypedDict):
+    params: int
+    trainable_params: int
+    buffers: int
+    param_bytes: int
+    buffer_bytes: int
+
+
+def model_figures(params: Iterable[torch.Tensor], buffers: Iterable[torch.Tensor]) -> ModelFigures:
+    """Parameter and buffer counts and bytes, each tensor counted once (tied weights too)."""
+    unique_params = list({id(p): p for p in params}.values())
+    unique_buffers = list({id(b): b for b in buffers}.values())
+    return ModelFigures(
+        params=sum(p.numel() for p in unique_params),
+        trainable_params=sum(p.numel() for p in unique_params if p.requires_grad),
+        buffers=sum(b.numel() for b in unique_buffers),
+        param_bytes=sum(p.numel() * p.element_size() for p in unique_params),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in unique_buffers),
+    )
 
 
 def _cuda_estimates(memory: MemoryMeter, ran: set[str], target: torch.device) -> dict[str, int | None]:
