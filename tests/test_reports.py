@@ -200,7 +200,7 @@ def test_a_timed_profile_reports_its_latency_and_layer_times():
     assert f"median of {result.latency.runs} repeats" in header
     assert f"on {result.machine}: " in header and "samples/s" in header
     tree = format_tree_table(result)
-    assert all(column in tree.splitlines()[0] for column in ("fwd time", "self fwd", "bwd time", "self bwd"))
+    assert all(column in tree.splitlines()[0] for column in ("calls", "fwd time", "self fwd", "bwd time", "self bwd"))
     table = format_op_times(result).splitlines()
     assert table[0].split()[:6] == ["operator", "phase", "module", "calls", "self", "CPU"]
     assert any(line.startswith("aten::addmm") and " forward " in line and " 0 " in line for line in table)

@@ -40,6 +40,7 @@ def module_columns(profile: Profile) -> list[Column]:
             columns.append(Column("activations", lambda m: m.activation_bytes, unit="B"))
         columns.append(Column("peak memory", lambda m: m.peak_bytes, unit="B"))
     if profile.modules and profile.modules[0].forward_seconds is not None:
+        columns.append(Column("calls", lambda m: m.calls))
         columns.append(Column("fwd time", lambda m: m.forward_seconds, unit="s"))
         columns.append(Column("self fwd", lambda m: m.self_forward_seconds, unit="s"))
         if profile.train:
