@@ -80,19 +80,21 @@ def test_latency_of_a_matrix_product_agrees_with_torch_benchmark_timer():
     def theirs():
         # many short blocks (blocked_autorange takes 2 or 3 long ones in this time: a noisy median)
         with torch.no_grad():
-            return statistics.median(timer.timeit(number=4).median for _ in range(30))
+            return statistics.median(timer.timeit(number=4).median for _ in range(15))
 
     def ours():
-        return profile(model, x, memory=False, latency=Timing(budget=0.2, calibrate=False)).latency_seconds
+        return profile(model, x, memory=False, latency=Timing(budget=0.1, calibrate=False)).latency_seconds
 
     ratios = []
-    for pair in range(11):  # adjacent pairs, each going first in turn, so that the machine's drift reaches both alike
+    for pair in range(25):  # adjacent pairs, each going first in turn, so that the machine's drift reaches both alike
         if pair % 2:
             other, mine = theirs(), ours()
         else:
             mine, other = ours(), theirs()
         ratios.append(mine / other)
-    assert statistics.median(ratios) == pytest.approx(1.0, rel=0.05)
+    # the first second is left out: after memory-heavy tests this machine settles for a while
+    # (the first pairs measured 1.8, 1.2, 1.1 before settling near 1.0)
+    assert statistics.median(ratios[4:]) == pytest.approx(1.0, rel=0.05)
 
 
 def test_latency_statistics_throughput_and_flop_rate():
