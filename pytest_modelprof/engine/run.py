@@ -306,29 +306,10 @@ def _run_copies(
     train: bool,
     optimizer: torch.optim.Optimizer | None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any], torch.optim.Optimizer | None]:
-    """The run's tensors (see :func:`_prepare`) and its copy of the optimizer over them."""
+    """Tensors for the run (made outside any fake mode), and its copy of the optimizer over them:
+    the caller's tensors never receive gradients or in-place updates."""
     # an optimizer step writes into the parameters: then the run needs copies of its own
-    params, buffers, run_args, run_kwargs = _prepare(
-        named_params, named_buffers, args, kwargs, fake_mode, target, train, copy_params=optimizer is not None
-    )
-    run_optimizer = None
-    if optimizer is not None:
-        run_tensors = {id(named_params[name]): tensor for name, tensor in params.items()}
-        run_optimizer = _copy_optimizer(optimizer, run_tensors, lambda t: _copy_state(t, fake_mode, target), type(model).__name__)
-    return params, buffers, run_args, run_kwargs, run_optimizer
-
-
-def _prepare(
-    named_params: dict[str, torch.Tensor],
-    named_buffers: dict[str, torch.Tensor],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    fake_mode: FakeTensorMode | None,
-    target: torch.device,
-    train: bool,
-    copy_params: bool = False,
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any]]:
-    """Tensors for the run (made outside any fake mode): the caller's never receive gradients or in-place updates."""
+    copy_params = optimizer is not None
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(target) if fake_mode is None else _to_fake(t, fake_mode, target)
@@ -348,7 +329,11 @@ def _prepare(
     params = {name: parameter(t) for name, t in named_params.items()}
     buffers = {name: copy(t) if train else convert(t) for name, t in named_buffers.items()}
     run_args, run_kwargs = tree_map(copy, (args, kwargs))
-    return params, buffers, run_args, run_kwargs
+    run_optimizer = None
+    if optimizer is not None:
+        run_tensors = {id(named_params[name]): tensor for name, tensor in params.items()}
+        run_optimizer = _copy_optimizer(optimizer, run_tensors, lambda t: _copy_state(t, fake_mode, target), type(model).__name__)
+    return params, buffers, run_args, run_kwargs, run_optimizer
 
 
 def _run(
