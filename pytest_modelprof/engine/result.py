@@ -105,10 +105,6 @@ class LatencyReport:
         return _stats.median_interval(self.samples, confidence)
 
     @property
-    def calibration_median(self) -> float | None:
-        return _stats.median(self.calibration) if self.calibration else None
-
-    @property
     def calibration_seconds(self) -> float | None:
         """The calibration's time as the model's latency sees it: the median latency over the
         median ratio (close to the calibration's own median, and consistent with ``ratios``:
