@@ -103,6 +103,40 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.uncounted: Counter[str] = Counter()
         self.memory: MemoryMeter | None = None
         self._resolved: dict[Any, tuple[str, Formula | None, bool]] = {}
+        # set by a LeafMemo: the rows of the leaf-module call being recorded, and
+        # whether the meter is off the mode stack while a recorded call replays
+        self.capture: tuple[dict[str, list[int]], Counter[str]] | None = None
+        self.suspended = False
+
+    def suspend(self) -> None:
+        """Take the meter off the top of the mode stack (ops then run unseen)."""
+        popped = torch._C._pop_torch_dispatch_stack(None)
+        assert popped is self
+        self.suspended = True
+
+    def resume(self) -> None:
+        """Put the meter back on top of the mode stack."""
+        torch._C._push_on_torch_dispatch_stack(self)
+        self.suspended = False
+
+    def settle(self) -> None:
+        """End any memo call left under way by an error, before the meter exits."""
+        if self.suspended:
+            self.resume()
+        self.capture = None
+
+    def add_rows(self, phase: str, key: StackKey, rows: dict[str, list[int]], uncounted: Counter[str]) -> None:
+        """Add recorded rows (op name -> [calls, flops, macs]) and uncounted calls under ``phase`` and ``key``."""
+        tally = self.tally
+        for name, (calls, flops, macs) in rows.items():
+            row = tally.get((phase, key, name))
+            if row is None:
+                tally[(phase, key, name)] = [calls, flops, macs, 0]
+            else:
+                row[0] += calls
+                row[1] += flops
+                row[2] += macs
+        self.uncounted.update(uncounted)
 
     def _resolve(self, func: Any) -> tuple[str, Formula | None, bool]:
         packet = _packet(func)
@@ -140,6 +174,8 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if formula is None:
             if not data_movement:
                 self.uncounted[name] += 1
+                if self.capture is not None:
+                    self.capture[1][name] += 1
                 return out
             cost = _ZERO
         else:
@@ -150,6 +186,8 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
             counted = value if type(value) is OpCost else _as_cost(value, func)
             if counted is None:
                 self.uncounted[name] += 1
+                if self.capture is not None:
+                    self.capture[1][name] += 1
                 return out
             cost = counted
         row_key = (phase, key, name)
@@ -161,6 +199,14 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
             row[1] += cost.flops
             row[2] += cost.macs
             row[3] += allocated
+        if self.capture is not None:
+            captured = self.capture[0].get(name)
+            if captured is None:
+                self.capture[0][name] = [1, cost.flops, cost.macs]
+            else:
+                captured[0] += 1
+                captured[1] += cost.flops
+                captured[2] += cost.macs
         return out
 
     def _measure(self, out: Any, phase: str, key: StackKey, node: Any) -> int:

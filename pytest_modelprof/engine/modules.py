@@ -58,6 +58,8 @@ class ModuleTracker:
         self._node_keys: dict[int, StackKey] = {}
         self._param_keys: dict[int, StackKey] = {}
         self._handles: list[Any] = []
+        # told of every tracked call (see memo.LeafMemo): enter(module, args, key), exit(module)
+        self.observer: Any = None
 
     def __enter__(self) -> ModuleTracker:
         self._handles = [
@@ -107,10 +109,14 @@ class ModuleTracker:
         if not _in_backward():
             self.calls[path] += 1
         self._mark()
+        if self.observer is not None:
+            self.observer.enter(module, args, key)
 
     def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
         if id(module) not in self.first_path:
             return
+        if self.observer is not None:
+            self.observer.exit(module)
         while self.frames:
             _, frame_module, _ = self.frames.pop()
             if frame_module is module:

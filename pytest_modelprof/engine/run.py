@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .cuda_estimates import CUBLAS_OPS, cublas_workspace_bytes, reserved_bytes
 from .errors import FormulaError, ProfileError
 from .flops import FlopMeter
+from .memo import LeafMemo
 from .memory import ACTIVATIONS, BUFFERS, CATEGORIES, CUDA_BLOCK, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
 from .modules import ROOT, ModuleTracker, StackKey
 from .result import MemoryReport, ModuleOp, ModuleStats, OpStats, Profile
@@ -142,7 +143,11 @@ def profile(
             stack.callback(meter.memory.close)
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(_saver(meter.memory, tracker), _identity))
         stack.enter_context(tracker)
+        if not memory:
+            # FLOPs only: repeated calls of stock leaf modules replay their first call's rows
+            tracker.observer = LeafMemo(meter, hooks=1)
         stack.enter_context(meter)
+        stack.callback(meter.settle)
         _run(
             model,
             state,
