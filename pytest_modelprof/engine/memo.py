@@ -17,7 +17,9 @@ needs every op's outputs), in the forward pass, with the meter on top of the mod
 stack, no autocast and no functorch transform active, no hooks on the module and no
 global module hooks but the tracker's, and the module's ``forward`` not replaced. A
 module of any other type, or a call that passes keyword arguments, is simply
-dispatched. The memo lives for one run, so nothing it records outlives the formulas
+dispatched, and so is every later call of a type whose first recorded call
+dispatched at most one op (a convolution, a norm in eval mode, an activation): its
+signature costs about what dispatching that op does. The memo lives for one run, so nothing it records outlives the formulas
 it was counted with.
 """
 
@@ -131,6 +133,9 @@ class LeafMemo:
         self.meter = meter
         self.recorded: dict[Any, Recording] = {}
         self.replayed_calls = 0
+        # types whose recorded call dispatched at most one op: replaying them saves
+        # less than their signatures cost (a convolution, a norm in eval, an activation)
+        self._single_op_types: set[type] = set()
         self._hooks = hooks
         # the call under way: (module, its signature, the recording it replays (None while
         # recording), the stack key it runs under)
@@ -170,7 +175,12 @@ class LeafMemo:
     def enter(self, module: nn.Module, args: tuple[Any, ...], key: StackKey) -> None:
         """Called as ``module`` starts, once the tracker has pushed its frame."""
         meter = self.meter
-        if self._active is not None or meter.region != "forward" or torch._C._current_graph_task_id() != -1:
+        if (
+            self._active is not None
+            or type(module) in self._single_op_types
+            or meter.region != "forward"
+            or torch._C._current_graph_task_id() != -1
+        ):
             return
         signature = self.signature(module, args)
         if signature is None:
@@ -199,8 +209,10 @@ class LeafMemo:
         meter = self.meter
         if recording is None:
             assert meter.capture is not None
-            self.recorded[signature] = meter.capture
+            rows, uncounted = self.recorded[signature] = meter.capture
             meter.capture = None
+            if sum(row[0] for row in rows.values()) + sum(uncounted.values()) <= 1:
+                self._single_op_types.add(type(module))
             return
         meter.resume()
         rows, uncounted = recording

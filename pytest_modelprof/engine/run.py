@@ -126,7 +126,8 @@ def profile(
         if train:
             tracker.watch_parameters(params)
         stack.enter_context(_restore_training_flags(training_flags))
-        model.train(train)
+        if any(flag is not train for flag in training_flags.values()):
+            model.train(train)
         # A real inference run on the model's own device needs no swapped tensors:
         # nothing receives a gradient and eval mode updates no buffer. Every other
         # run uses the prepared tensors (moved, fake, or safe to backpropagate into).
@@ -482,7 +483,8 @@ def _restore_training_flags(flags: dict[nn.Module, bool]) -> Iterator[None]:
         yield
     finally:
         for module, training in flags.items():
-            module.training = training
+            if module.training is not training:  # Module.__setattr__ is slow on deep models
+                module.training = training
 
 
 def _build_profile(
