@@ -178,3 +178,20 @@ def test_an_error_in_a_replayed_call_leaves_nothing_behind(replays):
     assert replays[0] == 1
     assert torch._C._len_torch_dispatch_stack() == 0
     assert profile(nn.Linear(2, 2), torch.randn(1, 2), memory=False).forward_macs == 4
+
+
+class Activations(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.act(self.act(x) - 1))
+
+
+def test_single_op_layers_are_dispatched(replays):
+    # one op a call: a signature would cost what dispatching the op does
+    result = profile(Activations(), torch.randn(4, 8), memory=False)
+    assert replays[0] == 0
+    relu = next(op for op in result.ops if op.op == "aten.relu")
+    assert (relu.calls, relu.flops) == (3, 3 * 4 * 8)

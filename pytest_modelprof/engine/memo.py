@@ -132,7 +132,6 @@ class LeafMemo:
         """``hooks``: how many global forward pre-hooks (and as many forward hooks) are the tracker's own."""
         self.meter = meter
         self.recorded: dict[Any, Recording] = {}
-        self.replayed_calls = 0
         # types whose recorded call dispatched at most one op: replaying them saves
         # less than their signatures cost (a convolution, a norm in eval, an activation)
         self._single_op_types: set[type] = set()
@@ -176,7 +175,8 @@ class LeafMemo:
         """Called as ``module`` starts, once the tracker has pushed its frame."""
         meter = self.meter
         if (
-            self._active is not None
+            type(module) not in STOCK_LEAVES  # containers and custom modules: the common case, first
+            or self._active is not None
             or type(module) in self._single_op_types
             or meter.region != "forward"
             or torch._C._current_graph_task_id() != -1
@@ -217,4 +217,3 @@ class LeafMemo:
         meter.resume()
         rows, uncounted = recording
         meter.add_rows("forward", key, rows, uncounted)
-        self.replayed_calls += 1
