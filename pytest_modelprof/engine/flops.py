@@ -173,9 +173,7 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         allocated = self._measure(out, phase, key, node) if self.memory is not None else 0
         if formula is None:
             if not data_movement:
-                self.uncounted[name] += 1
-                if self.capture is not None:
-                    self.capture[1][name] += 1
+                self._uncounted(name)
                 return out
             cost = _ZERO
         else:
@@ -185,9 +183,7 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 raise FormulaError(f"the FLOP formula for {func} raised {type(error).__name__}: {error}") from error
             counted = value if type(value) is OpCost else _as_cost(value, func)
             if counted is None:
-                self.uncounted[name] += 1
-                if self.capture is not None:
-                    self.capture[1][name] += 1
+                self._uncounted(name)
                 return out
             cost = counted
         row_key = (phase, key, name)
@@ -208,6 +204,11 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 captured[1] += cost.flops
                 captured[2] += cost.macs
         return out
+
+    def _uncounted(self, name: str) -> None:
+        self.uncounted[name] += 1
+        if self.capture is not None:
+            self.capture[1][name] += 1
 
     def _measure(self, out: Any, phase: str, key: StackKey, node: Any) -> int:
         """Feed the op's outputs to the memory meter; the bytes it newly allocated."""
