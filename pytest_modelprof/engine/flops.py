@@ -81,6 +81,16 @@ def _as_cost(value: Any, op: Any) -> OpCost | None:
     raise FormulaError(f"the FLOP formula for {op} returned {value!r}; expected an int, OpCost(flops, macs) or None")
 
 
+def _accumulate(rows: dict[Any, list[int]], key: Any, *figures: int) -> None:
+    """Add ``figures`` (calls, flops, macs[, bytes]) to the row of ``key``, made on first use."""
+    row = rows.get(key)
+    if row is None:
+        rows[key] = list(figures)
+    else:
+        for i, value in enumerate(figures):
+            row[i] += value
+
+
 # (phase, stack key, op name) -> [calls, flops, macs, bytes allocated]
 Tally = dict[tuple[str, StackKey, str], list[int]]
 
@@ -127,15 +137,8 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def add_rows(self, phase: str, key: StackKey, rows: dict[str, list[int]], uncounted: Counter[str]) -> None:
         """Add recorded rows (op name -> [calls, flops, macs]) and uncounted calls under ``phase`` and ``key``."""
-        tally = self.tally
         for name, (calls, flops, macs) in rows.items():
-            row = tally.get((phase, key, name))
-            if row is None:
-                tally[(phase, key, name)] = [calls, flops, macs, 0]
-            else:
-                row[0] += calls
-                row[1] += flops
-                row[2] += macs
+            _accumulate(self.tally, (phase, key, name), calls, flops, macs, 0)
         self.uncounted.update(uncounted)
 
     def _resolve(self, func: Any) -> tuple[str, Formula | None, bool]:
@@ -186,23 +189,9 @@ class FlopMeter(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self._uncounted(name)
                 return out
             cost = counted
-        row_key = (phase, key, name)
-        row = self.tally.get(row_key)
-        if row is None:
-            self.tally[row_key] = [1, cost.flops, cost.macs, allocated]
-        else:
-            row[0] += 1
-            row[1] += cost.flops
-            row[2] += cost.macs
-            row[3] += allocated
+        _accumulate(self.tally, (phase, key, name), 1, cost.flops, cost.macs, allocated)
         if self.capture is not None:
-            captured = self.capture[0].get(name)
-            if captured is None:
-                self.capture[0][name] = [1, cost.flops, cost.macs]
-            else:
-                captured[0] += 1
-                captured[1] += cost.flops
-                captured[2] += cost.macs
+            _accumulate(self.capture[0], name, 1, cost.flops, cost.macs)
         return out
 
     def _uncounted(self, name: str) -> None:

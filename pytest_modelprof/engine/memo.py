@@ -18,9 +18,9 @@ stack, no autocast and no functorch transform active, no hooks on the module and
 global module hooks but the tracker's, and the module's ``forward`` not replaced. A
 module of any other type, or a call that passes keyword arguments, is simply
 dispatched, and so is every later call of a type whose first recorded call
-dispatched at most one op (a convolution, a norm in eval mode, an activation): its
-signature costs about what dispatching that op does. The memo lives for one run, so nothing it records outlives the formulas
-it was counted with.
+dispatched at most one op (a convolution, an activation): its signature costs about
+what dispatching that op does. The memo lives for one run, so nothing it records
+outlives the formulas it was counted with.
 """
 
 from __future__ import annotations
@@ -133,18 +133,17 @@ class LeafMemo:
         self.meter = meter
         self.recorded: dict[Any, Recording] = {}
         # types whose recorded call dispatched at most one op: replaying them saves
-        # less than their signatures cost (a convolution, a norm in eval, an activation)
+        # less than their signatures cost (a convolution, an activation)
         self._single_op_types: set[type] = set()
         self._hooks = hooks
         # the call under way: (module, its signature, the recording it replays (None while
         # recording), the stack key it runs under)
         self._active: tuple[nn.Module, Any, Recording | None, StackKey] | None = None
 
-    def signature(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
-        """The call's signature, or None when it must be dispatched."""
+    def _signature(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
+        """The signature of a call of a stock leaf module, or None when it must be dispatched."""
         if (
-            type(module) not in STOCK_LEAVES
-            or len(args) != 1
+            len(args) != 1
             or module._forward_pre_hooks
             or module._forward_hooks
             or module._backward_hooks
@@ -182,7 +181,7 @@ class LeafMemo:
             or torch._C._current_graph_task_id() != -1
         ):
             return
-        signature = self.signature(module, args)
+        signature = self._signature(module, args)
         if signature is None:
             return
         try:
