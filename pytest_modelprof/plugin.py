@@ -95,6 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = ModelprofSession(
         budgets, update=option(config, "update"), prune=option(config, "prune"), strict=option(config, "strict")
     )
+    config.pluginmanager.register(OutcomeHooks(config.stash[STATE]), "modelprof-outcomes")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(config), "modelprof-xdist")
 
@@ -197,10 +198,8 @@ def model_profile(request: pytest.FixtureRequest) -> ModelProfiler:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    state = item.config.stash[STATE]
-    state.coverage.ran.add(item.nodeid)
     result = yield
-    failures = state.failures(item.nodeid)
+    failures = item.config.stash[STATE].failures(item.nodeid)
     if failures:
         pytest.fail("\n".join(failures), pytrace=False)
     return result
@@ -208,9 +207,25 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     coverage = config.stash[STATE].coverage
+    coverage.scope = _scope(config)
     for item in items:
         coverage.tests.add(item.nodeid)
         coverage.files.add(item.nodeid.partition("::")[0])
+
+
+def _scope(config: pytest.Config) -> list[str]:
+    """The paths this run collected in full, relative to the rootdir ("" for all of it)."""
+    scope = []
+    for arg in config.args:
+        path, _, selection = arg.partition("::")
+        if selection:
+            continue  # one test (or class) of a file: the file is not collected in full
+        try:
+            relative = (config.invocation_params.dir / path).resolve().relative_to(config.rootpath.resolve())
+        except (ValueError, OSError):
+            continue
+        scope.append("" if str(relative) == "." else relative.as_posix())
+    return scope
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
@@ -223,7 +238,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for op in config.stash.get(_FORMULAS, []):
         unregister_flop_formula(op)
     state = config.stash[STATE]
-    if session.shouldfail or session.shouldstop:
+    if session.shouldfail or session.shouldstop or exitstatus == pytest.ExitCode.INTERRUPTED:
+        state.coverage.complete = False
+    if config.option.collectonly or getattr(config.option, "lf", False):
         state.coverage.complete = False
     if hasattr(config, "workerinput"):  # an xdist worker: the controller merges and writes
         config.workeroutput["modelprof"] = state.worker_output()  # type: ignore[attr-defined]
@@ -301,6 +318,23 @@ def _relative(path: Path, config: pytest.Config) -> str:
         return str(path)
 
 
+class OutcomeHooks:
+    """Which tests passed and whether collection failed: what tells a stale budget entry
+    from one whose test did not get to run (on the xdist controller, from the workers' reports)."""
+
+    def __init__(self, state: ModelprofSession) -> None:
+        self.coverage = state.coverage
+
+    @pytest.hookimpl
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.coverage.complete = False
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.coverage.report(report.nodeid, report.when, report.outcome)
+
+
 class XdistHooks:
     """Controller side of pytest-xdist: merge what each worker profiled."""
 
@@ -310,5 +344,7 @@ class XdistHooks:
     @pytest.hookimpl
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         output = getattr(node, "workeroutput", {}).get("modelprof")
+        if error or not output:  # a worker that crashed: what it would have collected is unknown
+            self.config.stash[STATE].coverage.complete = False
         if output:
             self.config.stash[STATE].merge_worker(output)

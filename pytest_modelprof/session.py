@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .budgets import NEW, REGRESSED, STALE, UPDATED, BudgetError, Budgets, Verdict, check, update_files
+from .budgets import NEW, REGRESSED, STALE, UNCHANGED, UPDATED, BudgetError, Budgets, Verdict, check, update_files
 from .engine.result import Profile
 
 SCHEMA_VERSION = 1
@@ -31,21 +31,53 @@ class Record:
 
 @dataclass
 class RunCoverage:
-    """What a (worker's) run covered, to tell stale budget entries from ones not run."""
+    """What a run covered, to tell a stale budget entry (no collected test can make it)
+    from one whose test did not get to make it (skipped, failed, deselected, not reached).
 
-    complete: bool = True  # no deselection, no early stop
+    ``complete`` is false after any deselection (``-k``, ``-m``, ``--lf``), an early stop
+    (``-x``, ``--maxfail``), a collection error, an interrupt or ``--collect-only``.
+    ``scope`` holds the paths (relative to the rootdir, ``/``-separated) collected in
+    full: a test file under one of them that was not collected no longer exists.
+    """
+
+    complete: bool = True
+    scope: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)  # test files collected
     tests: set[str] = field(default_factory=set)  # node ids collected
-    ran: set[str] = field(default_factory=set)  # node ids whose test body ran
+    passed: set[str] = field(default_factory=set)  # node ids whose every phase passed
+    not_passed: set[str] = field(default_factory=set)  # node ids with a phase failed, skipped or xfailed
 
     def to_json(self) -> dict[str, Any]:
-        return {"complete": self.complete, "files": sorted(self.files), "tests": sorted(self.tests), "ran": sorted(self.ran)}
+        return {"complete": self.complete, "scope": self.scope, "files": sorted(self.files), "tests": sorted(self.tests)}
 
     def merge(self, data: dict[str, Any]) -> None:
         self.complete = self.complete and data["complete"]
+        self.scope = sorted(set(self.scope) | set(data["scope"]))
         self.files.update(data["files"])
         self.tests.update(data["tests"])
-        self.ran.update(data["ran"])
+
+    def report(self, nodeid: str, when: str, outcome: str) -> None:
+        """One phase's outcome (``passed``, ``failed``, ``skipped``: xfail is a skip)."""
+        if outcome != "passed":
+            self.not_passed.add(nodeid)
+        elif when == "call":
+            self.passed.add(nodeid)
+
+    def is_stale(self, name: str) -> bool:
+        """Whether no collected test can make the profile ``name`` (a budget entry's key).
+
+        An entry named after a test (``file::test``, ``file::test#2``) is stale when that
+        test passed without making it, or when a complete run did not collect the test
+        from a file in scope. An entry under a chosen ``name=`` could come from any test:
+        it is never stale.
+        """
+        test = name.partition("#")[0]
+        if "::" not in test:
+            return False
+        if test in self.tests:
+            return test in self.passed and test not in self.not_passed
+        file = test.partition("::")[0]
+        return self.complete and any(file == path or file.startswith(path.rstrip("/") + "/") or not path for path in self.scope)
 
 
 class ModelprofSession:
@@ -98,33 +130,25 @@ class ModelprofSession:
 
     def finish(self) -> None:
         """Find stale entries, then (with --modelprof-update) write baselines atomically."""
-        self.stale = sorted(name for name in self.budgets.profiles if name not in self.records and self._is_stale(name))
+        self.stale = sorted(name for name in self.budgets.profiles if name not in self.records and self.coverage.is_stale(name))
         if not self.update:
             return
         measured = {name: r.profile for name, r in self.records.items()}
         remove = self.stale if self.prune else []
         try:
-            self.written = update_files(self.budgets, measured, self.new_entry_path, remove)
+            update = update_files(self.budgets, measured, self.new_entry_path, remove)
         except (BudgetError, OSError) as error:
             self.error = f"could not write baselines: {error}"
             return
+        self.written = update.written
         for record in self.records.values():
             if record.verdict.status != REGRESSED:
-                record.verdict.status = UPDATED
+                record.verdict.status = UPDATED if record.name in update.changed else UNCHANGED
 
     def new_entry_path(self, name: str) -> Path:
         """Where a profile without a budget gets one: a file named after the module of the test that made it."""
         test_file = self.records[name].nodeid.partition("::")[0]
         return self.budgets.directory / f"{Path(test_file).stem or 'profiles'}.toml"
-
-    def _is_stale(self, name: str) -> bool:
-        test = name.partition("#")[0]
-        if "::" not in test:
-            return False  # a chosen name: no test can be said to own it
-        if test in self.coverage.ran:
-            return True  # its test ran and made no such profile
-        file = test.partition("::")[0]
-        return self.coverage.complete and file in self.coverage.files and test not in self.coverage.tests
 
     def verdicts(self) -> list[Verdict]:
         rows = [r.verdict for r in sorted(self.records.values(), key=lambda r: r.name)]

@@ -1,5 +1,7 @@
 """Bad budget files: a clear error naming the file, the line and what was expected."""
 
+import pathlib
+
 import pytest
 from conftest import write_budget
 
@@ -71,3 +73,71 @@ def test_profile_defined_in_two_files(project):
     result.stderr.fnmatch_lines(
         ["*b.toml:2: profile 'test_models.py::test_small' is also defined at *a.toml:1; each profile belongs in one file*"]
     )
+
+
+def _not_utf8(budgets):
+    (budgets / "latin1.toml").write_bytes(PROFILE.encode() + "# caf\xe9\n".encode("latin-1"))
+
+
+def _directory(budgets):
+    (budgets / "old.toml").mkdir()
+
+
+def _loop(budgets):
+    (budgets / "loop.toml").symlink_to(budgets / "loop.toml")
+
+
+def _dangling(budgets):
+    (budgets / "gone.toml").symlink_to(budgets / "moved-away.toml")
+
+
+def _huge_integer(budgets):
+    (budgets / "huge.toml").write_text(PROFILE + "max_gflops = 1" + "0" * 400 + "\n")
+
+
+def _array_of_tables(budgets):
+    (budgets / "array.toml").write_text("# profiles as an array\n[[profiles]]\nname = 'x'\n")
+
+
+def _array_of_baselines(budgets):
+    (budgets / "array.toml").write_text(PROFILE + 'max_params = 10\n\n[[profiles."test_models.py::test_small".baseline]]\nparams = 3\n')
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (_not_utf8, "*latin1.toml:2: is not UTF-8 text (byte 0xe9); budget files are UTF-8 TOML"),
+        (_directory, "*old.toml: is a directory; expected a budget file*"),
+        (_loop, "*loop.toml: is a symlink loop; expected a budget file (*.toml)"),
+        (_dangling, "*gone.toml: is a symlink to *moved-away.toml, which does not exist; expected a budget file"),
+        (
+            _huge_integer,
+            "*huge.toml:2: max_gflops must be a finite, non-negative number, got an integer of 401 digits, too large for a float",
+        ),
+        (_array_of_tables, "*array.toml:2: 'profiles' must be a table of [[]profiles.\"<name>\"[]] tables"),
+        (_array_of_baselines, "*array.toml:4: 'baseline' must be a table of metric = value, got a list"),
+    ],
+    ids=["not-utf8", "directory", "symlink-loop", "dangling-symlink", "huge-integer", "array-of-tables", "array-of-baselines"],
+)
+def test_bad_budget_directory_entry_is_one_line_naming_it(project, make, expected):
+    make(project.path / "budgets")
+    result = project.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: pytest-modelprof: " + expected.lstrip("*")] if not expected.startswith("*") else [expected])
+    assert len([line for line in result.stderr.lines if line.strip()]) == 1
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_unreadable_budget_file(project, monkeypatch):
+    path = write_budget(project, PROFILE + "max_params = 10\n")
+    read_bytes = pathlib.Path.read_bytes
+
+    def refuse(self):  # chmod 0 does not stop root, so the refusal is simulated
+        if self == path:
+            raise PermissionError(13, "Permission denied")
+        return read_bytes(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", refuse)
+    result = project.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_models.toml: cannot be read: Permission denied"])

@@ -121,3 +121,30 @@ def test_a_failed_write_leaves_no_half_written_file(project, monkeypatch):
     result.stdout.fnmatch_lines(["*could not write baselines: disk full*"])
     assert path.read_text() == HAND_WRITTEN
     assert sorted(p.name for p in path.parent.iterdir()) == ["test_models.toml"]
+
+
+def test_an_entry_whose_figures_did_not_change_is_reported_unchanged(project):
+    write_budget(project, HAND_WRITTEN)
+    project.runpytest("--modelprof-update").stdout.fnmatch_lines(["*test_models.py::test_small * updated"])
+    again = project.runpytest("--modelprof-update")
+    again.stdout.fnmatch_lines(["*test_models.py::test_small * unchanged"])
+    assert "updated" not in again.stdout.str()
+
+
+def test_update_keeps_crlf_line_endings(project):
+    path = project.path / "budgets" / "test_models.toml"
+    path.write_bytes(HAND_WRITTEN.replace("\n", "\r\n").encode())
+    project.runpytest("--modelprof-update").assert_outcomes(passed=1)
+    data = path.read_bytes()
+    assert f"gflops = {SMALL_GFLOPS!r}\r\n".encode() in data
+    assert data.count(b"\n") == data.count(b"\r\n")  # no bare LF added
+
+
+def test_update_writes_through_a_symlinked_budget_file(project):
+    shared = project.path / "shared.toml"
+    shared.write_text(HAND_WRITTEN)
+    link = project.path / "budgets" / "test_models.toml"
+    link.symlink_to(shared)
+    project.runpytest("--modelprof-update").assert_outcomes(passed=1)
+    assert link.is_symlink() and link.resolve() == shared.resolve()
+    assert f"gflops = {SMALL_GFLOPS!r}" in shared.read_text()

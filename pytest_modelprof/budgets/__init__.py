@@ -3,18 +3,20 @@
 Knows nothing of pytest, and of torch only the :class:`~pytest_modelprof.Profile`.
 """
 
-from .check import IMPROVED, NEW, OK, REGRESSED, STALE, UPDATED, Finding, Verdict, check
+from .check import IMPROVED, INCONCLUSIVE, NEW, OK, REGRESSED, STALE, UNCHANGED, UPDATED, Finding, Verdict, check
 from .load import BudgetError, Budgets, ProfileBudget, load_budgets
 from .metrics import METRICS, Metric, Tolerance
-from .write import update_files
+from .write import Update, update_files
 
 __all__ = [
     "IMPROVED",
+    "INCONCLUSIVE",
     "METRICS",
     "NEW",
     "OK",
     "REGRESSED",
     "STALE",
+    "UNCHANGED",
     "UPDATED",
     "BudgetError",
     "Budgets",
@@ -22,6 +24,7 @@ __all__ = [
     "Metric",
     "ProfileBudget",
     "Tolerance",
+    "Update",
     "Verdict",
     "check",
     "load_budgets",

@@ -22,6 +22,8 @@ from .load import ProfileBudget
 from .metrics import CONFIDENCE, LIMITED, METRICS, Metric, device_kind
 
 OK, REGRESSED, IMPROVED, NEW, UPDATED, STALE = "ok", "regressed", "improved", "new", "updated", "stale"
+INCONCLUSIVE = "inconclusive"  # a sampled figure (latency) the run could not hold against its limit, with the reason
+UNCHANGED = "unchanged"  # --modelprof-update: the entry already held these figures
 
 
 @dataclass

@@ -16,6 +16,8 @@ A budget file (``budgets/*.toml``) holds one table per profile::
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +89,7 @@ def load_budgets(directory: Path, *, required: bool = False) -> Budgets:
         raise BudgetError(directory, None, "expected a directory of budget files (*.toml), found a file")
     budgets = Budgets(directory, files=sorted(directory.rglob("*.toml")))
     for path in budgets.files:
+        _check_file(path)
         for budget in read_budget_file(path):
             earlier = budgets.profiles.get(budget.name)
             if earlier is not None:
@@ -99,8 +102,34 @@ def load_budgets(directory: Path, *, required: bool = False) -> Budgets:
     return budgets
 
 
+def _check_file(path: Path) -> None:
+    """A ``*.toml`` under the budget directory that is not a readable file gets a one-line error."""
+    if path.is_symlink():
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:  # Python < 3.13 reports a symlink loop so
+            raise BudgetError(path, None, "is a symlink loop; expected a budget file (*.toml)") from None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise BudgetError(path, None, "is a symlink loop; expected a budget file (*.toml)") from None
+            raise BudgetError(path, None, f"is a symlink to {os.readlink(path)}, which does not exist; expected a budget file") from None
+    if path.is_dir():
+        raise BudgetError(path, None, "is a directory; expected a budget file (rename it, or move it out of the budget directory)")
+    if not path.is_file():
+        raise BudgetError(path, None, "is not a regular file; expected a budget file (*.toml)")
+
+
 def read_budget_file(path: Path) -> list[ProfileBudget]:
-    text = path.read_text(encoding="utf-8")
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise BudgetError(path, None, f"cannot be read: {error.strerror or error}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BudgetError(
+            path, raw[: error.start].count(b"\n") + 1, f"is not UTF-8 text (byte 0x{raw[error.start]:02x}); budget files are UTF-8 TOML"
+        ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -209,7 +238,10 @@ def _unknown(path: Path, line: int | None, key: str, known: list[str], where: st
 def _kind(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return f"a {'table' if isinstance(value, dict) else 'list'}"
-    return repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and not is_finite_number(value):
+        return f"an integer of {len(str(abs(value)))} digits, too large for a float"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _line_from_message(message: str) -> int | None:
@@ -237,7 +269,7 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        if line.startswith("[") and not line.startswith("[["):
+        if line.startswith("["):
             path = _parsed_path(line)
             if path is not None:
                 table = path
@@ -258,7 +290,11 @@ def _parsed_path(line: str) -> tuple[str, ...] | None:
     except Exception:  # a line of a multi-line value: not a key
         return None
     path: list[str] = []
-    while isinstance(node, dict) and len(node) == 1:
+    while True:
+        if isinstance(node, list) and len(node) == 1:  # [[array.of.tables]]
+            node = node[0]
+        if not (isinstance(node, dict) and len(node) == 1):
+            break
         key, node = next(iter(node.items()))
         path.append(key)
     return tuple(path) if path else None

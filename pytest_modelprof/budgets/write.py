@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,16 @@ def updated_text(text: str, updates: Mapping[str, dict[str, Any]], remove: Itera
     """``text`` with the baselines of ``updates`` written and the profiles in ``remove`` dropped.
 
     Only baseline values change; a value equal to the one written is left as written.
-    New profiles are appended in name order.
+    New profiles are appended in name order. The text's line endings (LF or CRLF) are kept.
     """
-    document = tomlkit.parse(text)
+    return _updated(text, updates, remove)[0]
+
+
+def _updated(text: str, updates: Mapping[str, dict[str, Any]], remove: Iterable[str]) -> tuple[str, set[str]]:
+    """The updated text, and the names of the profiles whose entries it changed."""
+    newline = "\r\n" if "\r\n" in text else "\n"
+    document = tomlkit.parse(text.replace("\r\n", "\n"))
+    changed: set[str] = set()
     profiles = document.get("profiles")
     if profiles is None:
         profiles = tomlkit.table(is_super_table=True)
@@ -47,6 +55,7 @@ def updated_text(text: str, updates: Mapping[str, dict[str, Any]], remove: Itera
     for name in remove:
         if name in profiles:
             del profiles[name]
+            changed.add(name)
     for name in sorted(updates, key=lambda n: (n in profiles, n)):
         entry = profiles.get(name)
         if entry is None:
@@ -58,21 +67,26 @@ def updated_text(text: str, updates: Mapping[str, dict[str, Any]], remove: Itera
             entry.add("baseline", baseline)
             _merge(baseline, updates[name])
             baseline.add(tomlkit.nl())
-        else:
-            _merge(baseline, updates[name])
-    return tomlkit.dumps(document)
+            changed.add(name)
+        elif _merge(baseline, updates[name]):
+            changed.add(name)
+    return tomlkit.dumps(document).replace("\n", newline), changed
 
 
-def _merge(table: Table | Any, values: dict[str, Any]) -> None:
+def _merge(table: Table | Any, values: dict[str, Any]) -> bool:
+    """Write ``values`` into ``table``; whether anything changed."""
+    changed = False
     for key, value in values.items():
         if isinstance(value, dict):
             inner = table.get(key)
             if inner is None:  # per-machine values: one line, { machine = value }
                 inner = tomlkit.inline_table()
                 table.add(key, inner)
-            _merge(inner, value)
+            changed |= _merge(inner, value)
         elif table.get(key) != value:
             table[key] = value
+            changed = True
+    return changed
 
 
 def is_read_only(path: Path) -> bool:
@@ -81,9 +95,13 @@ def is_read_only(path: Path) -> bool:
 
 
 def write_atomically(path: Path, text: str) -> bool:
-    """Replace ``path`` with ``text`` through a temporary file and a rename; False if unchanged."""
+    """Replace ``path`` with ``text`` through a temporary file and a rename; False if unchanged.
+
+    A symlinked file is written through to its target (the link stays a link).
+    """
+    path = Path(os.path.realpath(path))
     if path.exists():
-        if path.read_text(encoding="utf-8") == text:
+        if read_text(path) == text:
             return False
         if is_read_only(path):
             raise BudgetError(path, None, "is read-only: baselines cannot be updated (make it writable, or run without --modelprof-update)")
@@ -92,10 +110,21 @@ def write_atomically(path: Path, text: str) -> bool:
     return True
 
 
-def update_files(
-    budgets: Budgets, measured: Mapping[str, Profile], place_new: Callable[[str], Path], remove: Iterable[str] = ()
-) -> list[Path]:
-    """Write the baselines of ``measured`` (and drop ``remove``); return the files changed.
+def read_text(path: Path) -> str:
+    """A budget file's text as written: line endings kept."""
+    return path.read_bytes().decode("utf-8")
+
+
+@dataclass
+class Update:
+    """What an update wrote: the files changed and the profiles whose entries changed."""
+
+    written: list[Path]
+    changed: set[str]
+
+
+def update_files(budgets: Budgets, measured: Mapping[str, Profile], place_new: Callable[[str], Path], remove: Iterable[str] = ()) -> Update:
+    """Write the baselines of ``measured`` (and drop ``remove``).
 
     Profiles already in a file are updated there; a new one goes to ``place_new(name)``.
     Every target is checked before any is written, so a refusal leaves all files as they were.
@@ -108,9 +137,14 @@ def update_files(
     for name in remove:
         plans.setdefault(budgets.profiles[name].path, ({}, []))[1].append(name)
     texts = {}
+    changed: set[str] = set()
     for path, (updates, removed) in sorted(plans.items()):
-        original = path.read_text(encoding="utf-8") if path.exists() else ""
-        texts[path] = updated_text(original, updates, removed)
+        try:
+            original = read_text(path) if path.exists() else ""
+        except (OSError, UnicodeDecodeError) as error:
+            raise BudgetError(path, None, f"cannot be read: {error}") from None
+        texts[path], names = _updated(original, updates, removed)
+        changed |= names
         if path.exists() and texts[path] != original and is_read_only(path):
             raise BudgetError(path, None, "is read-only: baselines cannot be updated (make it writable, or run without --modelprof-update)")
-    return [path for path, text in texts.items() if write_atomically(path, text)]
+    return Update([path for path, text in texts.items() if write_atomically(path, text)], changed)
