@@ -22,15 +22,25 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
+def annotation_path(path: Path, root: Path) -> Path:
+    """A budget file as GitHub resolves annotation paths: relative to ``$GITHUB_WORKSPACE`` (the
+    checkout), which in a monorepo lies above pytest's rootdir ``root``; ``path`` is relative to ``root``."""
+    absolute = (root / path).resolve()
+    for base in (os.environ.get("GITHUB_WORKSPACE"), str(root)):
+        if base:
+            try:
+                return absolute.relative_to(Path(base).resolve())
+            except ValueError:
+                continue
+    return absolute
+
+
 def error_annotations(verdicts: list[Verdict], root: Path) -> list[str]:
     """``::error file=...,line=...,title=...::message`` for each regression, capped."""
     lines = []
     for verdict in verdicts:
         for finding in verdict.regressions:
-            try:
-                file = finding.path.resolve().relative_to(root.resolve())
-            except ValueError:
-                file = finding.path
+            file = annotation_path(finding.path, root)
             title = f"{verdict.name}: {finding.metric} over budget"
             where = f"file={escape_property(str(file))},line={finding.line},title={escape_property(title)}"
             lines.append(f"::error {where}::{escape_data(finding.message())}")

@@ -9,9 +9,12 @@ import difflib
 import importlib
 import importlib.util
 import json
+import math
+import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,19 +114,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace", metavar="FILE", help="with --layers: write a Chrome/Perfetto trace (JSON) of the profiled calls")
     parser.add_argument("--budgets", metavar="DIR", help="hold the profile against the budget files in DIR (needs --name)")
     parser.add_argument("--name", help="the profile's name in the budget files")
+    parser.add_argument("--traceback", action="store_true", help="on an error, print the full traceback, not one line")
     return parser
 
 
+EXIT_USAGE = 2  # the command, its model or its inputs cannot be used (argparse's status)
+EXIT_REGRESSED = 1  # the profile is over its budget
+EXIT_INTERNAL = 3  # a fault of modelprof itself
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """The ``modelprof`` command; returns its exit status."""
+    """The ``modelprof`` command; returns its exit status: 0, 1 over budget, 2 a usage error
+    (one line on stderr; ``--traceback`` prints the whole chain), 3 an internal fault."""
     out = out or sys.stdout
     parser = build_parser()
     options = parser.parse_args(argv)
     try:
         return run(options, out)
     except CliError as error:
+        if options.traceback:
+            traceback.print_exception(error, file=sys.stderr)
         print(f"modelprof: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except Exception as error:
+        if options.traceback:
+            traceback.print_exception(error, file=sys.stderr)
+        hint = "" if options.traceback else " (run again with --traceback for the details)"
+        print(f"modelprof: internal error: {type(error).__name__}: {_one_line(error)}{hint}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def run(options: argparse.Namespace, out: TextIO) -> int:
@@ -141,14 +164,15 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
         raise CliError(str(error)) from None
     shapes = parse_shapes(options.input)
     device = _check_device(options.device)
+    for flag, path in (("--json", options.json), ("--csv", options.csv), ("--plot", options.plot), ("--trace", options.trace)):
+        _check_output(flag, path)
     factory = load_factory(options.model)
     kwargs = parse_keywords(options.kw)
     budgets = _load_budgets(options.budgets) if options.budgets else None
     with progress("building the model"):
         model = build_model(factory, kwargs, analytic=device == "meta")
     dtype = DTYPES[options.dtype]
-    make = torch.randn if dtype.is_floating_point else torch.zeros  # zeros: valid indices for any embedding
-    inputs = tuple(make(shape, dtype=dtype, device="meta" if model_on_meta(model) else "cpu") for shape in shapes)
+    inputs = make_inputs(shapes, dtype, "meta" if model_on_meta(model) else "cpu")
     if dtype.is_floating_point and dtype != torch.float32:
         model = model.to(dtype)
     optimizer = OPTIMIZERS[options.optimizer](model.parameters()) if options.optimizer else None
@@ -156,7 +180,7 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
         try:
             result = profile(model, inputs, train=options.train, device=device, optimizer=optimizer, latency=timing or False)
         except ProfileError as error:
-            raise CliError(str(error)) from None
+            raise CliError(_with_memory_hint(str(error), device)) from error
     result.name = options.name or options.model
     _print_reports(result, options, out)
     _write_outputs(result, options, out)
@@ -165,11 +189,47 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _check_output(flag: str, path: str | None) -> None:
+    """An output file must be writable where it is asked for, before any work is done."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise CliError(f"{flag} {path}: is a directory; expected a file name")
+    if not target.parent.is_dir():
+        raise CliError(f"{flag} {path}: the directory {target.parent} does not exist")
+    if not os.access(target.parent, os.W_OK):
+        raise CliError(f"{flag} {path}: the directory {target.parent} is not writable")
+
+
+def _with_memory_hint(message: str, device: str) -> str:
+    if device != "meta" and ("allocate" in message or "out of memory" in message.lower()):
+        return message + "; an analytic run allocates nothing: --device meta"
+    return message
+
+
+def make_inputs(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: str) -> tuple[torch.Tensor, ...]:
+    """Random floats, or zeros for integer inputs (valid indices for any embedding)."""
+    make = torch.randn if dtype.is_floating_point else torch.zeros
+    inputs = []
+    for shape in shapes:
+        try:
+            inputs.append(make(shape, dtype=dtype, device=device))
+        except (RuntimeError, MemoryError) as error:
+            size = math.prod(shape) * dtype.itemsize / 1e9
+            kind = str(dtype).removeprefix("torch.")
+            raise CliError(
+                f"cannot allocate an input of shape {'x'.join(map(str, shape))} ({size:,.1f} GB of {kind}): "
+                "an analytic run allocates nothing: --device meta"
+            ) from error
+    return tuple(inputs)
+
+
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
     shapes = []
     for part in text.split(","):
         dims = part.strip().lower().split("x")
-        if not all(d.isdigit() and int(d) > 0 for d in dims):
+        if not all(d.isascii() and d.isdigit() and int(d) > 0 for d in dims):
             raise CliError(f"bad shape {part.strip()!r}: expected positive integers joined by x, e.g. 1x3x224x224")
         shapes.append(tuple(int(d) for d in dims))
     return shapes
@@ -183,7 +243,7 @@ def parse_keywords(items: list[str]) -> dict[str, Any]:
             raise CliError(f"bad --kw {item!r}: expected KEY=VALUE, e.g. num_classes=10")
         try:
             kwargs[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # not a literal: a string
             kwargs[key] = value
     return kwargs
 
@@ -214,7 +274,9 @@ def load_factory(spec: str) -> Any:
         try:
             module = importlib.import_module(target)
         except ImportError as error:
-            raise CliError(f"unknown model {spec!r}: {error}") from None
+            raise CliError(f"unknown model {spec!r}: {error}") from error
+        except Exception as error:  # the module itself failed while it was imported
+            raise CliError(f"importing {target} raised {type(error).__name__}: {_one_line(error)}") from error
     factory = getattr(module, attribute, None)
     if factory is None:
         names = [n for n in dir(module) if not n.startswith("_")]
@@ -237,7 +299,7 @@ def _import_file(spec: str, path: Path) -> Any:
     try:
         module_spec.loader.exec_module(module)
     except Exception as error:
-        raise CliError(f"importing {path} raised {type(error).__name__}: {error}") from None
+        raise CliError(f"importing {path} raised {type(error).__name__}: {_one_line(error)}") from error
     finally:
         sys.path.pop(0)
     return module
@@ -253,11 +315,17 @@ def build_model(factory: Any, kwargs: dict[str, Any], analytic: bool) -> nn.Modu
                 model = factory(**kwargs)
         else:
             model = factory(**kwargs)
-    except TypeError as error:
-        raise CliError(f"calling the model's callable raised TypeError: {error}") from None
+    except Exception as error:
+        name = getattr(factory, "__qualname__", repr(factory))
+        message = f"building the model: {name}({_arguments(kwargs)}) raised {type(error).__name__}: {_one_line(error)}"
+        raise CliError(_with_memory_hint(message, "meta" if analytic else "cpu")) from error
     if not isinstance(model, nn.Module):
         raise CliError(f"the model's callable returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def _arguments(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
 
 
 def model_on_meta(model: nn.Module) -> bool:
@@ -266,7 +334,7 @@ def model_on_meta(model: nn.Module) -> bool:
 
 def _load_budgets(directory: str) -> Any:
     try:
-        return load_budgets(Path(directory), required=True)
+        return load_budgets(Path(directory), required=True, root=Path.cwd())
     except BudgetError as error:
         raise CliError(str(error)) from None
 
@@ -323,7 +391,7 @@ def _check_budget(result: Any, name: str, budgets: Any, out: TextIO) -> int:
         print(f"\nno budget for {name!r} in {budgets.directory}", file=out)
         return 0
     verdict = check(result, name, budget)
-    print(f"\nbudget of {name!r} ({budget.path}:{budget.line}): {verdict.status}", file=out)
+    print(f"\nbudget of {name!r} ({budget.shown}:{budget.line}): {verdict.status}", file=out)
     for finding in verdict.findings:
         print(f"  {finding.status:9} {finding.message()}", file=out)
     return 1 if verdict.status == REGRESSED else 0

@@ -4,19 +4,25 @@ nothing of pytest."""
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from collections.abc import Generator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import pytest
+import torch
 
 from . import ci, hookspecs
 from .budgets import BudgetError, Verdict, load_budgets
-from .engine import Profile, Timing, profile, register_flop_formula, unregister_flop_formula
+from .budgets.load import shown_path
+from .engine import LatencyWarning, Profile, Timing, profile, register_flop_formula, unregister_flop_formula
 from .report.summary import format_markdown, format_table, summary_row
 from .report.tables import format_tree_table
 from .report.text import format_header
-from .session import ModelprofSession
+from .session import ModelprofSession, ProfileNameError
 
 STATE = pytest.StashKey[ModelprofSession]()
 _FORMULAS = pytest.StashKey[list[Any]]()
@@ -84,12 +90,14 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--modelprof-time-budget expects a positive number of seconds, got {option(config, 'time-budget')!r}"
         ) from None
+    _check_device(option(config, "device"))
+    _check_json_directory(option(config, "json"), config.invocation_params.dir)
     configured = option(config, "budgets")
     directory = Path(configured) if configured else config.rootpath / DEFAULT_BUDGETS
     if not directory.is_absolute():
         directory = config.invocation_params.dir / directory
     try:
-        budgets = load_budgets(directory, required=bool(configured))
+        budgets = load_budgets(directory, required=bool(configured), root=config.rootpath)
     except BudgetError as error:
         raise pytest.UsageError(f"pytest-modelprof: {error}") from None
     config.stash[STATE] = ModelprofSession(
@@ -98,6 +106,36 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(OutcomeHooks(config.stash[STATE]), "modelprof-outcomes")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(config), "modelprof-xdist")
+
+
+DEVICE_KINDS = ("cpu", "cuda", "meta")
+
+
+def _check_device(value: str | None) -> None:
+    if not value:
+        return
+    try:
+        kind = torch.device(value).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in DEVICE_KINDS:
+        raise pytest.UsageError(f"--modelprof-device expects cpu, cuda, cuda:N or meta (analytic), got {value!r}")
+
+
+def _check_json_directory(value: str | None, base: Path) -> None:
+    """The artifact directory must be a directory that can be made and written, known before any test runs."""
+    if not value:
+        return
+    directory = base / value
+    if directory.exists() and not directory.is_dir():
+        raise pytest.UsageError(f"--modelprof-json {value}: is a file; expected a directory for the JSON artifacts")
+    existing = directory
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise pytest.UsageError(f"--modelprof-json {value}: {existing} is a file, so the directory cannot be made")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise pytest.UsageError(f"--modelprof-json {value}: {existing} is not writable")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -113,8 +151,15 @@ class ModelProfiler:
     """What the ``model_profile`` fixture returns: call it to profile a model."""
 
     def __init__(
-        self, state: ModelprofSession, nodeid: str, defaults: dict[str, Any], latency: str = "auto", timing: Timing | None = None
+        self,
+        state: ModelprofSession,
+        nodeid: str,
+        defaults: dict[str, Any],
+        latency: str = "auto",
+        timing: Timing | None = None,
+        full_trace: bool = False,
     ) -> None:
+        self._full_trace = full_trace
         self._state = state
         self._nodeid = nodeid
         self._defaults = defaults
@@ -132,25 +177,44 @@ class ModelProfiler:
         says ``latency=``, a profile is timed when its budget holds a latency limit or
         baseline (``--modelprof-latency`` changes that).
         """
+        __tracebackhide__ = True
         _check_options(options)
-        self._made += 1
-        if name is None:
-            name = self._nodeid if self._made == 1 else f"{self._nodeid}#{self._made}"
+        name = self._name(name)
         options = {**self._defaults, **options}
         options["latency"] = self._timed(name, options)
-        result = profile(model, inputs, **options)
+        try:
+            with warnings.catch_warnings():
+                # what makes a latency unclear goes to the summary with the verdict (LatencyReport.warnings):
+                # a warning here would fail a passing test under -W error
+                warnings.simplefilter("ignore", LatencyWarning)
+                result = profile(model, inputs, **options)
+        except Exception as error:
+            if self._full_trace:
+                raise
+            # the user's frames only: the test, and the model's line that raised (not the engine's or torch's)
+            raise error.with_traceback(user_frames(error)) from None
         result.name = name
         self._state.record(name, self._nodeid, result)
         return result
 
+    def _name(self, name: str | None) -> str:
+        """The profile's name: as given, else the test's node id (``#2``... for later ones); unused so far."""
+        __tracebackhide__ = True
+        self._made += 1
+        if name is None:
+            name = self._nodeid if self._made == 1 else f"{self._nodeid}#{self._made}"
+        earlier = self._state.records.get(name)
+        if earlier is not None:
+            raise ProfileNameError(name, earlier.nodeid, self._nodeid)
+        return name
+
     def record(self, result: Profile, *, name: str | None = None) -> Profile:
         """Hold a profile made elsewhere against its budget, e.g. ``MemoryMonitor.profile()``
         after a few iterations of a real training loop. Named as ``__call__`` names."""
+        __tracebackhide__ = True
         if not isinstance(result, Profile):
             raise TypeError(f"model_profile.record() expects a pytest_modelprof.Profile, got {type(result).__name__}")
-        self._made += 1
-        if name is None:
-            name = result.name or (self._nodeid if self._made == 1 else f"{self._nodeid}#{self._made}")
+        name = self._name(name or result.name)
         result.name = name
         self._state.record(name, self._nodeid, result)
         return result
@@ -165,6 +229,29 @@ class ModelProfiler:
             return self._timing
         budget = self._state.budgets.profiles.get(name)
         return self._timing if budget is not None and budget.mentions("latency_ms") else False
+
+
+_INTERNAL = tuple(str(Path(module.__file__ or "").parent) + os.sep for module in (torch, sys.modules[__package__]))
+
+
+def user_frames(error: BaseException) -> TracebackType | None:
+    """The frames of ``error``'s traceback outside torch and this package, the user's code
+    (chained causes included: the model's own exception behind a ProfileError)."""
+    frames: list[TracebackType] = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            if not tb.tb_frame.f_code.co_filename.startswith(_INTERNAL) and all(f.tb_frame is not tb.tb_frame for f in frames):
+                frames.append(tb)
+            tb = tb.tb_next
+        current = current.__cause__
+    chain = None
+    for tb in reversed(frames):
+        chain = TracebackType(chain, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+    return chain
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -193,7 +280,14 @@ def model_profile(request: pytest.FixtureRequest) -> ModelProfiler:
         defaults.update(marker.kwargs)
     seconds = option(request.config, "time-budget")
     timing = Timing(budget=float(seconds)) if seconds else None
-    return ModelProfiler(request.config.stash[STATE], request.node.nodeid, defaults, option(request.config, "latency") or "auto", timing)
+    return ModelProfiler(
+        request.config.stash[STATE],
+        request.node.nodeid,
+        defaults,
+        option(request.config, "latency") or "auto",
+        timing,
+        full_trace=bool(request.config.option.fulltrace) or request.config.option.tbstyle == "native",
+    )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -249,7 +343,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     directory = option(config, "json")
     if directory:
         state.write_json(config.invocation_params.dir / directory)
-    if state.error:
+    if state.errors:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if ci.in_github_actions() and (state.records or state.stale):
         ci.append_step_summary("## Model budgets\n\n" + format_markdown(_rows(state, state.verdicts())))
@@ -267,7 +361,7 @@ def _rows(state: ModelprofSession, verdicts: list[Verdict]) -> list[Any]:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     state = config.stash[STATE]
-    if hasattr(config, "workerinput") or not (state.records or state.stale or state.error):
+    if hasattr(config, "workerinput") or not (state.records or state.stale or state.errors):
         return
     write = terminalreporter.write_line
     verdicts = state.verdicts()
@@ -277,11 +371,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for verdict in verdicts:
         for note in verdict.notes:
             write(f"{verdict.name}: {note}")
-    if state.error:
-        write(f"ERROR: {state.error}", red=True)
+    for error in state.errors:
+        write(f"ERROR: {error}", red=True)
     for path in state.written:
-        write(f"updated {_relative(path, config)}")
-    for hint in _next_steps({v.status for v in verdicts}, state):
+        write(f"updated {shown_path(path, config.rootpath)}")
+    for hint in _next_steps(verdicts, state):
         write(hint)
     if ci.in_github_actions():
         for line in ci.error_annotations(verdicts, config.rootpath):
@@ -294,14 +388,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                 write(line)
 
 
-def _next_steps(statuses: set[str], state: ModelprofSession) -> list[str]:
+def _next_steps(verdicts: list[Verdict], state: ModelprofSession) -> list[str]:
+    statuses = {v.status for v in verdicts}
     hints = []
     if state.update:
         if state.stale and not state.prune:
             hints.append("stale entries kept; to remove them: pytest --modelprof-update --modelprof-prune")
         return hints
-    if "regressed" in statuses:
-        hints.append("if the increase is intended, accept it as the new baseline: pytest --modelprof-update")
+    regressions = [f for v in verdicts for f in v.regressions]
+    if any(f.tolerance is not None for f in regressions):
+        hints.append("if an increase over a baseline is intended, record it as the new baseline: pytest --modelprof-update")
+    if any(f.tolerance is None for f in regressions):
+        hints.append("a ceiling (max_*) is written by hand: --modelprof-update does not change it; raise it in its file, or fix the model")
     if "improved" in statuses:
         hints.append("to lock in the improvement: pytest --modelprof-update")
     if "new" in statuses:
@@ -309,13 +407,6 @@ def _next_steps(statuses: set[str], state: ModelprofSession) -> list[str]:
     if "stale" in statuses:
         hints.append("stale entries (no test made them): pytest --modelprof-update --modelprof-prune removes them")
     return hints
-
-
-def _relative(path: Path, config: pytest.Config) -> str:
-    try:
-        return str(path.relative_to(config.invocation_params.dir))
-    except ValueError:
-        return str(path)
 
 
 class OutcomeHooks:

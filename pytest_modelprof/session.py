@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .budgets import NEW, REGRESSED, STALE, UNCHANGED, UPDATED, BudgetError, Budgets, Verdict, check, update_files
+from .budgets import NEW, REGRESSED, STALE, UNCHANGED, UPDATED, BudgetError, Budgets, Finding, Verdict, check, update_files
 from .engine.result import Profile
 
 SCHEMA_VERSION = 1
@@ -80,6 +80,15 @@ class RunCoverage:
         return self.complete and any(file == path or file.startswith(path.rstrip("/") + "/") or not path for path in self.scope)
 
 
+class ProfileNameError(ValueError):
+    """Two profiles of one session under one name (one budget entry)."""
+
+    def __init__(self, name: str, first: str, second: str) -> None:
+        self.name, self.first, self.second = name, first, second
+        where = "earlier in this test" if first == second else f"by {first}"
+        super().__init__(f"a profile named {name!r} was already made {where}; give each profile a unique name= (in {second})")
+
+
 class ModelprofSession:
     def __init__(self, budgets: Budgets, *, update: bool, prune: bool, strict: bool) -> None:
         self.budgets = budgets
@@ -90,12 +99,18 @@ class ModelprofSession:
         self.coverage = RunCoverage()
         self.stale: list[str] = []
         self.written: list[Path] = []
-        self.error: str | None = None
+        self.errors: list[str] = []  # what fails the session besides its tests
+        self.conflicts: dict[str, list[str]] = {}  # a name that tests on two xdist workers made: their node ids
 
     def record(self, name: str, nodeid: str, profile: Profile) -> Record:
+        """Keep the profile ``name`` that the test ``nodeid`` made, with its verdict.
+
+        Raises :class:`ProfileNameError` if a profile of that name was already made, by
+        this test or another: a name is one budget entry, and two profiles cannot share it.
+        """
         earlier = self.records.get(name)
-        if earlier is not None and earlier.nodeid != nodeid:
-            raise ValueError(f"a profile named {name!r} was already made by {earlier.nodeid}; pass a unique name=")
+        if earlier is not None:
+            raise ProfileNameError(name, earlier.nodeid, nodeid)
         verdict = check(profile, name, self.budgets.profiles.get(name), baselines=not self.update)
         record = Record(name, nodeid, profile, verdict)
         self.records[name] = record
@@ -108,8 +123,8 @@ class ModelprofSession:
             if record.nodeid != nodeid:
                 continue
             if record.verdict.status == REGRESSED:
-                lines = "\n  ".join(f.message() for f in record.verdict.regressions)
-                messages.append(f"profile {record.name!r} is over its budget:\n  {lines}")
+                lines = [f.message() for f in record.verdict.regressions] + remedies(record.verdict.regressions)
+                messages.append(f"profile {record.name!r} is over its budget:\n  " + "\n  ".join(lines))
             elif record.verdict.status == NEW and self.strict:
                 messages.append(f"profile {record.name!r} has no budget (--modelprof-strict): run pytest --modelprof-update to record one")
         return messages
@@ -120,17 +135,37 @@ class ModelprofSession:
         return json.dumps({"records": [r.to_json() for r in self.records.values()], "coverage": self.coverage.to_json()})
 
     def merge_worker(self, output: str) -> None:
+        """Take a pytest-xdist worker's profiles. A name that another worker's test also made
+        is a conflict: neither profile of it is kept, and the session fails saying why."""
         data = json.loads(output)
         for item in data["records"]:
-            profile = Profile.from_dict(item["profile"])
-            self.record(item["name"], item["nodeid"], profile)
+            name = item["name"]
+            if name in self.conflicts:
+                self.conflicts[name].append(item["nodeid"])
+                continue
+            try:
+                self.record(name, item["nodeid"], Profile.from_dict(item["profile"]))
+            except ProfileNameError as error:
+                self.conflicts[name] = [error.first, error.second]
+                del self.records[name]
         self.coverage.merge(data["coverage"])
+
+    def conflict_errors(self) -> list[str]:
+        return [
+            f"a profile named {name!r} was made by {' and by '.join(nodeids)}: neither is checked or written; give each a unique name="
+            for name, nodeids in sorted(self.conflicts.items())
+        ]
 
     # end of session ----------------------------------------------------------
 
     def finish(self) -> None:
         """Find stale entries, then (with --modelprof-update) write baselines atomically."""
-        self.stale = sorted(name for name in self.budgets.profiles if name not in self.records and self.coverage.is_stale(name))
+        self.errors.extend(self.conflict_errors())
+        self.stale = sorted(
+            name
+            for name in self.budgets.profiles
+            if name not in self.records and name not in self.conflicts and self.coverage.is_stale(name)
+        )
         if not self.update:
             return
         measured = {name: r.profile for name, r in self.records.items()}
@@ -138,10 +173,13 @@ class ModelprofSession:
         try:
             update = update_files(self.budgets, measured, self.new_entry_path, remove)
         except (BudgetError, OSError) as error:
-            self.error = f"could not write baselines: {error}"
+            self.errors.append(f"could not write baselines: {error}")
             return
         self.written = update.written
         for record in self.records.values():
+            latency = record.profile.latency
+            if latency is not None and latency.disturbance:
+                record.verdict.notes.append(f"latency_ms: not recorded as a baseline (any recorded one is kept): {latency.disturbance}")
             if record.verdict.status != REGRESSED:
                 record.verdict.status = UPDATED if record.name in update.changed else UNCHANGED
 
@@ -152,7 +190,7 @@ class ModelprofSession:
 
     def verdicts(self) -> list[Verdict]:
         rows = [r.verdict for r in sorted(self.records.values(), key=lambda r: r.name)]
-        rows += [Verdict(name, STALE, path=self.budgets.profiles[name].path, line=self.budgets.profiles[name].line) for name in self.stale]
+        rows += [Verdict(name, STALE, path=self.budgets.profiles[name].shown, line=self.budgets.profiles[name].line) for name in self.stale]
         return rows
 
     def write_json(self, directory: Path) -> None:
@@ -187,6 +225,18 @@ class ModelprofSession:
         (directory / "session.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def remedies(regressions: list[Finding]) -> list[str]:
+    """What to do about regressions: a ceiling is edited by hand, a baseline re-recorded."""
+    hints = [
+        f"{f.limit} is a hand-written ceiling: raise it at {f.path}:{f.line} if the increase is intended, or fix the model"
+        for f in regressions
+        if f.tolerance is None
+    ]
+    if any(f.tolerance is not None for f in regressions):
+        hints.append("if the change is intended, record the new baseline: pytest --modelprof-update")
+    return hints
+
+
 def artifact_name(name: str) -> str:
     """A file name for a profile: readable, safe on every OS, and distinct for distinct names."""
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:80] or "profile"
@@ -211,4 +261,5 @@ def _finding(finding: Any) -> dict[str, Any]:
         "message": finding.message(),
         "interval": list(finding.interval) if finding.interval is not None else None,
         "note": finding.note,
+        "reason": finding.reason,
     }

@@ -13,6 +13,14 @@ for _device in (None, "meta"):
     profile(nn.Sequential(nn.Linear(2, 2), nn.LSTM(2, 2)), torch.ones(1, 1, 2), device=_device, train=True)
 
 
+@pytest.fixture
+def pytester(pytester, monkeypatch):
+    """pytester, with pytest-benchmark (where installed) kept out of its runs: inside an xdist
+    worker it warns at start-up that xdist is active, which -W error turns into an INTERNALERROR."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:benchmark")
+    return pytester
+
+
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
     torch.manual_seed(0)
@@ -30,6 +38,7 @@ def test_small(model_profile):
     assert result.flops == 108
 """
 SMALL_GFLOPS = 108e-9
+SMALL_GFLOPS_TEXT = "0.000000108"  # as a budget file holds it
 
 
 @pytest.fixture

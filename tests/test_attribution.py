@@ -160,3 +160,44 @@ def test_loss_is_reported_apart_from_the_model():
     assert result.loss_flops == 8 + 1 + 1
     assert result.module("").flops == result.forward_flops + result.backward_flops
     assert result.flops == result.forward_flops + result.loss_flops + result.backward_flops
+
+
+class Stack(nn.Module):
+    """Blocks held in an nn.ModuleList and an nn.ModuleDict that the parent iterates over: the
+    containers are never called themselves (GPT-2's ``transformer.h``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.h = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.heads = nn.ModuleDict({"a": nn.Linear(8, 2), "b": nn.Linear(8, 4)})
+
+    def forward(self, x):
+        for layer in self.h:
+            x = layer(x)
+        return self.heads["a"](x).sum() + self.heads["b"](x).sum()
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_containers_never_called_show_their_childrens_sums(train):
+    result = profile(Stack(), torch.randn(5, 8), train=train)
+    linear = 2 * 5 * 8 * 8 + 5 * 8  # multiply-adds and the bias, per Linear(8, 8)
+    h = result.module("h")
+    assert h.container and h.calls == 0
+    assert h.forward_flops == 3 * linear
+    assert h.forward_macs == 3 * 5 * 8 * 8
+    assert h.backward_flops == sum(result.module(f"h.{i}").backward_flops for i in range(3))
+    assert (h.backward_flops > 0) is train
+    heads = result.module("heads")
+    assert heads.container and heads.forward_flops == (2 * 5 * 8 * 2 + 5 * 2) + (2 * 5 * 8 * 4 + 5 * 4)
+    assert h.peak_bytes == max(result.module(f"h.{i}").peak_bytes for i in range(3)) > 0
+    assert h.share == pytest.approx(h.flops / result.flops)
+    assert not result.module("").container and not result.module("h.0").container
+    root = result.module("")
+    assert h.forward_flops + heads.forward_flops + root.self_forward_flops == root.forward_flops
+
+
+def test_an_unused_submodule_is_not_a_container():
+    model = Stack()
+    model.spare = nn.ModuleList([nn.Linear(8, 8)])  # never used
+    result = profile(model, torch.randn(2, 8))
+    assert not result.module("spare").container and result.module("spare").flops == 0

@@ -77,6 +77,82 @@ def test_errors_are_one_line(args, message, capsys):
     assert error.count("\n") == 1
 
 
+def _files(tmp_path):
+    (tmp_path / "raising.py").write_text("def model():\n    raise ValueError('no weights here')\n")
+    (tmp_path / "broken_import.py").write_text("raise RuntimeError('boom at import')\n")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{tmp}/raising.py", "--input", "1x3"], "building the model: model() raised ValueError: no weights here"),
+        (["{tmp}/broken_import.py", "--input", "1x3"], "importing {tmp}/broken_import.py raised RuntimeError: boom at import"),
+        (["broken_import:model", "--input", "1x3"], "importing broken_import raised RuntimeError: boom at import"),
+        (["torchvision.models:resnet18", "--input", "1x\u00b2"], "bad shape '1x\u00b2': expected positive integers joined by x"),
+        (
+            ["torchvision.models:resnet18", "--input", "1x3x8x8", "--kw", "num_classes=ten"],
+            "building the model: resnet18(num_classes='ten') raised TypeError",
+        ),
+        (
+            ["torchvision.models:resnet18", "--input", "100000x100000x100"],
+            "cannot allocate an input of shape 100000x100000x100 (4,000.0 GB of float32): an analytic run allocates nothing: --device meta",
+        ),
+        (
+            ["torchvision.models:resnet18", "--input", "1x3x8x8", "--json", "{tmp}/no/dir/p.json"],
+            "--json {tmp}/no/dir/p.json: the directory {tmp}/no/dir does not exist",
+        ),
+        (
+            ["torchvision.models:resnet18", "--input", "1x3x8x8", "--csv", "{tmp}/no/p.csv"],
+            "--csv {tmp}/no/p.csv: the directory {tmp}/no does not exist",
+        ),
+        (["torchvision.models:resnet18", "--input", "1x3x8x8", "--json", "{tmp}"], "--json {tmp}: is a directory; expected a file name"),
+    ],
+    ids=[
+        "factory-raises",
+        "file-fails-at-import",
+        "module-fails-at-import",
+        "unicode-digit",
+        "bad-keyword-value",
+        "too-large",
+        "json-dir",
+        "csv-dir",
+        "json-is-dir",
+    ],
+)
+def test_bad_input_is_one_line_with_status_2(tmp_path, monkeypatch, capsys, args, message):
+    _files(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = [a.format(tmp=tmp_path) for a in args]
+    assert main(args, out=io.StringIO()) == 2
+    error = capsys.readouterr().err
+    assert error == f"modelprof: error: {message.format(tmp=tmp_path)}\n" or (
+        error.startswith(f"modelprof: error: {message.format(tmp=tmp_path)}") and error.count("\n") == 1
+    )
+    assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.csv"))
+
+
+def test_traceback_shows_the_whole_chain(tmp_path, capsys):
+    _files(tmp_path)
+    assert main([str(tmp_path / "raising.py"), "--input", "1x3", "--traceback"], out=io.StringIO()) == 2
+    error = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in error and "raise ValueError('no weights here')" in error
+    assert error.rstrip().endswith("modelprof: error: building the model: model() raised ValueError: no weights here")
+
+
+def test_a_budget_regression_exits_1_and_an_internal_fault_3(tmp_path, monkeypatch, capsys):
+    budgets = tmp_path / "budgets"
+    budgets.mkdir()
+    (budgets / "b.toml").write_text('[profiles."r18"]\nmax_params = 10\n')
+    assert main([*SMALL, "--budgets", str(budgets), "--name", "r18"], out=io.StringIO()) == 1
+
+    def fault(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("pytest_modelprof.cli.format_header", fault)
+    assert main(SMALL, out=io.StringIO()) == 3
+    assert capsys.readouterr().err == "modelprof: internal error: KeyError: 'a bug' (run again with --traceback for the details)\n"
+
+
 def test_unavailable_device(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -1,6 +1,8 @@
 """Bad budget files: a clear error naming the file, the line and what was expected."""
 
+import os
 import pathlib
+from pathlib import Path
 
 import pytest
 from conftest import write_budget
@@ -141,3 +143,36 @@ def test_unreadable_budget_file(project, monkeypatch):
     result = project.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_models.toml: cannot be read: Permission denied"])
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--modelprof-json", "taken.json"], "*--modelprof-json taken.json: is a file; expected a directory for the JSON artifacts"),
+        (
+            ["--modelprof-json", "taken.json/out"],
+            "*--modelprof-json taken.json/out: *taken.json is a file, so the directory cannot be made",
+        ),
+        (["--modelprof-device", "tpu"], "*--modelprof-device expects cpu, cuda, cuda:N or meta (analytic), got 'tpu'"),
+        (["--modelprof-device", "cuda:x"], "*--modelprof-device expects cpu, cuda, cuda:N or meta (analytic), got 'cuda:x'"),
+    ],
+    ids=["json-is-a-file", "json-below-a-file", "unknown-device", "bad-device-index"],
+)
+def test_bad_options_are_usage_errors_before_any_test_runs(project, args, expected):
+    (project.path / "taken.json").write_text("{}")
+    result = project.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([expected])
+    assert "test_models.py" not in result.stdout.str()  # nothing ran
+    assert (project.path / "taken.json").read_text() == "{}"
+
+
+def test_json_below_an_unwritable_directory_is_a_usage_error(project, monkeypatch):
+    locked = project.path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    # chmod does not stop root: the refusal is simulated where the plugin asks
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == locked else real_access(path, mode))
+    result = project.runpytest("--modelprof-json", "locked/artifacts")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--modelprof-json locked/artifacts: *locked is not writable"])

@@ -26,7 +26,7 @@ def test_worse_than_baseline_beyond_tolerance(project):
     result = project.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["*gflops: measured 1.08e-07 GFLOPs, allowed * (baseline * + 2%): +5.00% (+* GFLOPs) vs baseline [[]*test_models.toml:6[]]"]
+        ["*gflops: measured 0.000000108 GFLOPs, allowed * (baseline * + 2%): +5.00% (+* GFLOPs) vs baseline [[]*test_models.toml:6[]]"]
     )
     result.stdout.fnmatch_lines(["*pytest --modelprof-update*"])
 

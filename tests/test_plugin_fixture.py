@@ -92,7 +92,60 @@ def test_two_tests_cannot_share_a_profile_name(pytester):
     )
     result = pytester.runpytest()
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*a profile named 'same' was already made by test_shared.py::test_a*"])
+    result.stdout.fnmatch_lines(
+        ["*a profile named 'same' was already made by test_shared.py::test_a; give each profile a unique name= (in test_shared.py::test_b)"]
+    )
+
+
+def test_one_test_cannot_make_two_profiles_of_one_name(pytester):
+    pytester.makepyfile(
+        test_twice="""
+        import torch
+        from torch import nn
+
+        def test_twice(model_profile):
+            model_profile(nn.Linear(2, 2), torch.ones(1, 2), name="same")
+            model_profile(nn.Linear(3, 3), torch.ones(1, 3), name="same")
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*a profile named 'same' was already made earlier in this test; give each profile a unique name=*"])
+
+
+def test_an_error_in_the_model_shows_the_users_line_and_one_message(pytester):
+    pytester.makepyfile(
+        test_broken="""
+        import torch
+        from torch import nn
+
+        class Broken(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+
+            def forward(self, x):
+                return self.fc(x) @ torch.ones(3, 3)
+
+        def test_broken(model_profile):
+            model_profile(Broken(), torch.ones(2, 4), train=True)
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            ">       model_profile(Broken(), torch.ones(2, 4), train=True)",
+            ">       return self.fc(x) @ torch.ones(3, 3)",
+            "E       pytest_modelprof.engine.errors.ProfileError: module '<root>' (Broken) raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x4 and 3x3)",
+        ]
+    )
+    assert "site-packages/torch" not in text and "pytest_modelprof/engine" not in text and "direct cause" not in text
+    failure = text[text.index("_ test_broken _") : text.index("short test summary")]
+    assert len(failure.splitlines()) < 40
+    full = pytester.runpytest("--full-trace")
+    assert "pytest_modelprof/engine/run.py" in full.stdout.str()  # everything, when asked
 
 
 def test_inert_for_tests_that_do_not_profile(pytester):

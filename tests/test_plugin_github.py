@@ -1,6 +1,6 @@
 """In GitHub Actions: a Markdown step summary and annotations at the budget lines."""
 
-from conftest import write_budget
+from conftest import SMALL_MODEL_TESTS, write_budget
 
 from pytest_modelprof.budgets import REGRESSED, Finding, Verdict
 from pytest_modelprof.ci import MAX_ANNOTATIONS, error_annotations, escape_data, escape_property
@@ -20,8 +20,26 @@ def test_step_summary_and_annotation(project, monkeypatch):
     )
     text = summary.read_text()
     assert "## Model budgets" in text
-    assert "| test_models.py::test_small | 1.08e-07 | 20 |" in text
+    assert "| test_models.py::test_small | 0.000000108 | 20 |" in text
     assert "regressed |" in text
+
+
+def test_annotations_in_a_monorepo_are_relative_to_the_workspace(pytester, monkeypatch):
+    # the checkout (GITHUB_WORKSPACE) holds the project two levels down: GitHub resolves
+    # annotation paths against the workspace, not pytest's rootdir
+    project = pytester.mkdir("services") / "vision"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    (project / "test_models.py").write_text(SMALL_MODEL_TESTS)
+    (project / "budgets").mkdir()
+    (project / "budgets" / "test_models.toml").write_text('[profiles."test_models.py::test_small"]\nmax_params = 10\n')
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(pytester.path))
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.chdir(project)
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["::error file=services/vision/budgets/test_models.toml,line=2,title=*"])
 
 
 def test_no_github_output_outside_actions(project, monkeypatch):

@@ -3,11 +3,11 @@
 import os
 import stat
 
-from conftest import SMALL_GFLOPS, write_budget
+from conftest import SMALL_GFLOPS_TEXT, write_budget
 
-# inference keeps no activations; the peak holds 20 weights, a 3 x 4 input and a 3 x 4
-# output, float32: 4 * (20 + 12 + 12) = 176 bytes
-MEMORY_BASELINES = "peak_activation_mb = 0.0\npeak_memory_mb = 0.000176"
+# inference: the only intermediate tensor is the 3 x 4 output (48 bytes); the peak holds
+# 20 weights, a 3 x 4 input and that output, float32: 4 * (20 + 12 + 12) = 176 bytes
+MEMORY_BASELINES = "peak_activation_mb = 0.000048\npeak_memory_mb = 0.000176"
 
 HAND_WRITTEN = """\
 # Budgets of the small model.
@@ -29,7 +29,7 @@ def test_update_rewrites_baselines_and_keeps_everything_else(project):
     result = project.runpytest("--modelprof-update")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*test_models.py::test_small * updated", "updated budgets?test_models.toml"])
-    assert path.read_text() == HAND_WRITTEN.replace("gflops = 5e-08", f"gflops = {SMALL_GFLOPS!r}\n{MEMORY_BASELINES}")
+    assert path.read_text() == HAND_WRITTEN.replace("gflops = 5e-08", f"gflops = {SMALL_GFLOPS_TEXT}\n{MEMORY_BASELINES}")
 
 
 def test_update_twice_leaves_the_file_byte_identical(project):
@@ -48,7 +48,7 @@ def test_update_creates_entries_for_new_profiles(project):
     created = project.path / "budgets" / "test_models.toml"
     assert (
         created.read_text()
-        == f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS!r}\nparams = 20\n{MEMORY_BASELINES}\n\n'
+        == f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS_TEXT}\nparams = 20\n{MEMORY_BASELINES}\n\n'
     )
     project.runpytest("--modelprof-strict").assert_outcomes(passed=1)
 
@@ -79,13 +79,13 @@ def test_update_with_k_touches_only_what_ran(project):
     )
     project.runpytest("--modelprof-update", "-k", "test_small").assert_outcomes(passed=1)
     text = path.read_text()
-    assert f"gflops = {SMALL_GFLOPS!r}" in text
+    assert f"gflops = {SMALL_GFLOPS_TEXT}" in text
     assert text.count("gflops = 1e-09") == 1  # test_other did not run: its baseline stays
     assert "stale" not in project.runpytest("-k", "test_small").stdout.str()
 
 
 def test_stale_entries_are_listed_and_removed_only_with_prune(project):
-    text = f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS!r}\nparams = 20\n\n[profiles."test_models.py::test_removed".baseline]\ngflops = 1.0\n'
+    text = f'[profiles."test_models.py::test_small".baseline]\ngflops = {SMALL_GFLOPS_TEXT}\nparams = 20\n\n[profiles."test_models.py::test_removed".baseline]\ngflops = 1.0\n'
     path = write_budget(project, text)
     result = project.runpytest()
     result.stdout.fnmatch_lines(["*test_models.py::test_removed * stale", "*--modelprof-update --modelprof-prune removes them*"])
@@ -136,7 +136,7 @@ def test_update_keeps_crlf_line_endings(project):
     path.write_bytes(HAND_WRITTEN.replace("\n", "\r\n").encode())
     project.runpytest("--modelprof-update").assert_outcomes(passed=1)
     data = path.read_bytes()
-    assert f"gflops = {SMALL_GFLOPS!r}\r\n".encode() in data
+    assert f"gflops = {SMALL_GFLOPS_TEXT}\r\n".encode() in data
     assert data.count(b"\n") == data.count(b"\r\n")  # no bare LF added
 
 
@@ -147,4 +147,4 @@ def test_update_writes_through_a_symlinked_budget_file(project):
     link.symlink_to(shared)
     project.runpytest("--modelprof-update").assert_outcomes(passed=1)
     assert link.is_symlink() and link.resolve() == shared.resolve()
-    assert f"gflops = {SMALL_GFLOPS!r}" in shared.read_text()
+    assert f"gflops = {SMALL_GFLOPS_TEXT}" in shared.read_text()

@@ -48,3 +48,28 @@ def test_update_under_xdist_loses_no_entry(xdist_project):
     again = xdist_project.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--modelprof-update")
     assert (xdist_project.path / "budgets" / "test_models.toml").read_text() == text
     again.assert_outcomes(passed=5, failed=1)
+
+
+def test_one_name_made_on_two_workers_fails_the_session_naming_both_tests(pytester):
+    for module in ("test_one", "test_two"):
+        pytester.makepyfile(
+            **{
+                module: """
+                import torch
+                from torch import nn
+
+                def test_named(model_profile):
+                    model_profile(nn.Linear(2, 2), torch.ones(1, 2), name="shared")
+                """
+            }
+        )
+    pytester.mkdir("budgets")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "--modelprof-update")
+    text = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in text
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    # on two workers the session fails at its end; on one, the second test fails: either way both are named
+    assert "test_one.py::test_named" in text and "test_two.py::test_named" in text
+    assert "a profile named 'shared' was" in text
+    if "was made by" in text:  # on two workers: neither profile is written as a baseline
+        assert not list((pytester.path / "budgets").glob("*.toml"))

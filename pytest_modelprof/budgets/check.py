@@ -3,12 +3,20 @@
 Counted figures (FLOPs, parameters, bytes) are exact and compared as they are.
 A latency is a sample of a noisy quantity, so it is compared through a confidence
 interval for its median (distribution-free, :data:`~.metrics.CONFIDENCE`): it fails
-a limit only when the whole interval lies above it, and counts as improved only when
-the whole interval lies below the baseline's band. Against a baseline it is first
-brought to the baseline's machine speed: the median ratio of each repeat to the
-calibration workload timed beside it, times the calibration time recorded with the
-baseline. A machine that is 20% slower today makes both the model and the calibration
-20% slower, and the comparison does not move.
+a limit only when the whole interval lies above it, passes only when the whole
+interval lies at or below it, and counts as improved only when the whole interval lies
+below the baseline's band. An interval across the limit is *inconclusive*: the run
+cannot tell, and says why instead of guessing.
+
+Against a baseline a latency is first brought to the baseline's machine speed: the
+median ratio of each repeat to the calibration workload timed beside it, times the
+calibration time recorded with the baseline. A machine that is 20% slower today makes
+both the model and the calibration 20% slower, and the comparison does not move. That
+holds for a machine that is uniformly slower, not for one shared with other busy
+processes: threads that wait for a CPU slow a multi-threaded model more than the small
+calibration. A run whose threads waited for a CPU (``LatencyReport.disturbance``) is
+therefore inconclusive against a baseline, and against a ceiling unless it stayed
+under it anyway (waiting only adds time).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._format import plain
 from ..engine import stats
 from ..engine.result import Profile
 from .load import ProfileBudget
@@ -35,12 +44,13 @@ class Finding:
     measured: float
     reference: float  # the ceiling, or the baseline
     allowed: float  # the most that passes
-    path: Path
+    path: Path  # the budget file, relative to the root it was loaded under (pytest's rootdir) when inside it
     line: int
-    status: str  # OK, REGRESSED or IMPROVED
+    status: str  # OK, REGRESSED, IMPROVED or INCONCLUSIVE
     tolerance: str | None = None  # for baselines
     interval: tuple[float, float] | None = None  # a confidence interval of a sampled measurement (latency)
     note: str = ""  # how the measurement was brought to the reference (latency vs calibration)
+    reason: str = ""  # why an INCONCLUSIVE finding could not be decided
 
     def message(self) -> str:
         """``gflops: measured 4.21 GFLOPs, allowed 4 GFLOPs (max_gflops): +5.25% (+0.21 GFLOPs) [budgets/x.toml:3]``"""
@@ -56,7 +66,7 @@ class Finding:
         measured = metric.format(self.measured)
         if self.interval is not None:
             low, high = self.interval
-            measured += f" (median; {CONFIDENCE:.0%} interval {low:.4g}-{high:.4g}{self.note})"
+            measured += f" (median; {CONFIDENCE:.0%} interval {plain(low)}-{plain(high)}{self.note})"
         return (
             f"{self.metric}: measured {measured}, allowed {metric.format(self.allowed)} ({limit}): "
             f"{percent} ({_signed(metric, change)}){versus} [{self.path}:{self.line}]"
@@ -99,15 +109,20 @@ def check(profile: Profile, name: str, budget: ProfileBudget | None, *, baseline
             if metric.per_device and not found and machines:
                 notes.append(
                     f"{metric.key}: no baseline for this machine ({profile.machine}; recorded for {', '.join(sorted(machines))}): "
-                    f"not compared; pytest --modelprof-update records one [{budget.path}:{budget.line_of('baseline.' + metric.key)}]"
+                    f"not compared; pytest --modelprof-update records one [{budget.shown}:{budget.line_of('baseline.' + metric.key)}]"
                 )
+    notes.extend(f"{f.metric}: inconclusive: {f.reason} [{f.path}:{f.line}]" for f in findings if f.status == INCONCLUSIVE)
+    if profile.latency is not None:
+        notes.extend(f"latency: {warning}" for warning in profile.latency.warnings)
     if any(f.status == REGRESSED for f in findings):
         status = REGRESSED
+    elif any(f.status == INCONCLUSIVE for f in findings):
+        status = INCONCLUSIVE
     elif any(f.status == IMPROVED for f in findings):
         status = IMPROVED
     else:
         status = OK
-    return Verdict(name, status, findings, budget.path, budget.line, notes)
+    return Verdict(name, status, findings, budget.shown, budget.line, notes)
 
 
 def _ceilings(metric: Metric, measured: float, profile: Profile, budget: ProfileBudget) -> list[Finding]:
@@ -118,9 +133,17 @@ def _ceilings(metric: Metric, measured: float, profile: Profile, budget: Profile
     if limit is None:
         return []
     interval = _interval(metric, profile)
-    low = interval[0] if interval is not None else measured
-    status = REGRESSED if low > limit else OK
-    return [Finding(metric.key, key, measured, limit, limit, budget.path, budget.line_of(key), status, interval=interval)]
+    low, high = interval if interval is not None else (measured, measured)
+    status, reason = OK, ""
+    if high > limit:
+        disturbance = _disturbance(metric, profile)
+        if disturbance:
+            status, reason = INCONCLUSIVE, f"over the ceiling while {disturbance}"
+        elif low > limit:
+            status = REGRESSED
+        else:
+            status, reason = INCONCLUSIVE, _straddle(metric, interval, limit)
+    return [Finding(metric.key, key, measured, limit, limit, budget.shown, budget.line_of(key), status, interval=interval, reason=reason)]
 
 
 def _baselines(metric: Metric, measured: float, profile: Profile, budget: ProfileBudget) -> list[Finding]:
@@ -148,16 +171,21 @@ def _baselines(metric: Metric, measured: float, profile: Profile, budget: Profil
     tolerance = budget.tolerance(metric.key)
     allowed = tolerance.allowed(baseline)
     floor = 2 * baseline - allowed  # as far below the baseline as the tolerance reaches above it
-    if low > allowed:
+    disturbance = _disturbance(metric, profile)
+    verdict = ""
+    if disturbance:
+        status, verdict = INCONCLUSIVE, f"not compared with the baseline: {disturbance}"
+    elif low > allowed:
         status = REGRESSED
     elif high < floor or (allowed == baseline and high < baseline):
         status = IMPROVED
-    else:
+    elif high <= allowed:
         status = OK
+    else:
+        status, verdict = INCONCLUSIVE, _straddle(metric, interval, allowed)
     line = budget.line_of(f"baseline.{metric.key}")
-    return [
-        Finding(metric.key, key, measured, baseline, metric.rounded(allowed), budget.path, line, status, tolerance.text, interval, note)
-    ]
+    allowed = metric.rounded(allowed)
+    return [Finding(metric.key, key, measured, baseline, allowed, budget.shown, line, status, tolerance.text, interval, note, verdict)]
 
 
 def _interval(metric: Metric, profile: Profile) -> tuple[float, float] | None:
@@ -166,6 +194,21 @@ def _interval(metric: Metric, profile: Profile) -> tuple[float, float] | None:
         return None
     low, high = profile.latency.interval(CONFIDENCE)
     return low / metric.scale, high / metric.scale
+
+
+def _disturbance(metric: Metric, profile: Profile) -> str | None:
+    """Why a sampled figure cannot be held against a limit this run (None: it can)."""
+    if not metric.per_device or profile.latency is None:
+        return None
+    return profile.latency.disturbance
+
+
+def _straddle(metric: Metric, interval: tuple[float, float] | None, limit: float) -> str:
+    low, high = interval or (limit, limit)
+    return (
+        f"the {CONFIDENCE:.0%} interval of the median, {plain(low)}-{plain(high)} {metric.unit}, reaches across "
+        f"the limit of {plain(limit)} {metric.unit}; more repeats (--modelprof-time-budget) or a quieter machine decide it"
+    )
 
 
 def _signed(metric: Metric, change: float) -> str:

@@ -39,11 +39,22 @@ PROFILE_KEYS = sorted([f"max_{key}" for key in LIMITED] + ["tolerance", "baselin
 class BudgetError(Exception):
     """A budget file or directory that cannot be used, with where and why."""
 
-    def __init__(self, path: Path, line: int | None, message: str) -> None:
+    def __init__(self, path: Path, line: int | None, message: str, root: Path | None = None) -> None:
         self.path = path
         self.line = line
         self.message = message
-        super().__init__(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+        shown = shown_path(path, root)
+        super().__init__(f"{shown}:{line}: {message}" if line else f"{shown}: {message}")
+
+
+def shown_path(path: Path, root: Path | None) -> Path:
+    """``path`` relative to ``root`` when it lies inside it (how messages name a file), else as it is."""
+    if root is not None:
+        try:
+            return path.absolute().relative_to(root.absolute())
+        except ValueError:
+            pass
+    return path
 
 
 @dataclass
@@ -59,6 +70,12 @@ class ProfileBudget:
     machine_baselines: dict[str, dict[str, float]] = field(default_factory=dict)
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
+    root: Path | None = None  # what messages name the file relative to (pytest's rootdir)
+
+    @property
+    def shown(self) -> Path:
+        """The file as messages name it: relative to the root when inside it."""
+        return shown_path(self.path, self.root)
 
     def tolerance(self, metric: str) -> Tolerance:
         return self.tolerances.get(metric, METRICS[metric].default_tolerance)
@@ -79,8 +96,21 @@ class Budgets:
     files: list[Path] = field(default_factory=list)
 
 
-def load_budgets(directory: Path, *, required: bool = False) -> Budgets:
-    """Every ``*.toml`` below ``directory``. A missing directory is an error only if ``required``."""
+def load_budgets(directory: Path, *, required: bool = False, root: Path | None = None) -> Budgets:
+    """Every ``*.toml`` below ``directory``. A missing directory is an error only if ``required``.
+
+    Errors and findings name files relative to ``root`` (pytest's rootdir) when inside it.
+    """
+    try:
+        budgets = _load(directory, required, root)
+    except BudgetError as error:
+        raise BudgetError(error.path, error.line, error.message, root) from None
+    for budget in budgets.profiles.values():
+        budget.root = root
+    return budgets
+
+
+def _load(directory: Path, required: bool, root: Path | None) -> Budgets:
     if not directory.exists():
         if required:
             raise BudgetError(directory, None, "the budget directory does not exist (create it, or point --modelprof-budgets elsewhere)")
@@ -96,7 +126,8 @@ def load_budgets(directory: Path, *, required: bool = False) -> Budgets:
                 raise BudgetError(
                     path,
                     budget.line,
-                    f"profile {budget.name!r} is also defined at {earlier.path}:{earlier.line}; each profile belongs in one file",
+                    f"profile {budget.name!r} is also defined at {shown_path(earlier.path, root)}:{earlier.line}; "
+                    "each profile belongs in one file",
                 )
             budgets.profiles[budget.name] = budget
     return budgets

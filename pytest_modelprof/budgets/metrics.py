@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .._format import plain
 from ..engine.result import Profile
 
 
@@ -56,7 +57,7 @@ class Metric:
         return float(f"{value:.{self.digits}g}") if self.digits else float(round(value))
 
     def format(self, value: float) -> str:
-        return f"{value:.6g} {self.unit}" if self.digits else f"{value:,.0f} {self.unit}"
+        return f"{plain(value, 6)} {self.unit}" if self.digits else f"{value:,.0f} {self.unit}"
 
     def parse_tolerance(self, text: str) -> Tolerance:
         """``"2%"``, or an amount in this metric's unit such as ``"0.5 GFLOPs"``; raises ValueError."""

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import tomlkit
-from tomlkit.items import Table
+from tomlkit.items import Float, Table, Trivia
 
 from .._files import replace_atomically
 from ..engine.result import Profile
@@ -19,15 +21,20 @@ from .metrics import METRICS
 
 
 def baseline_values(profile: Profile) -> dict[str, Any]:
-    """The baseline entries a profile provides: ``{"gflops": 3.64, "latency_ms": {machine: 12.0}}``."""
+    """The baseline entries a profile provides: ``{"gflops": 3.64, "latency_ms": {machine: 12.0}}``.
+
+    A latency measured on a shared CPU (``LatencyReport.disturbance``) provides none: it
+    would make a baseline that the same machine, idle, then beats by far.
+    """
     values: dict[str, Any] = {}
+    disturbed = profile.latency is not None and profile.latency.disturbance is not None
     for metric in METRICS.values():
         measured = metric.measure(profile)
         if measured is None:
             continue
         value: float | int = measured if metric.digits else int(measured)
         if metric.per_device:
-            if profile.machine:
+            if profile.machine and not disturbed:
                 values[metric.key] = {profile.machine: value}
         else:
             values[metric.key] = value
@@ -84,9 +91,17 @@ def _merge(table: Table | Any, values: dict[str, Any]) -> bool:
                 table.add(key, inner)
             changed |= _merge(inner, value)
         elif table.get(key) != value:
-            table[key] = value
+            table[key] = _item(value)
             changed = True
     return changed
+
+
+def _item(value: float | int) -> Any:
+    """A TOML number as people write it: ``0.000048``, not ``4.8e-05`` (the same float when read back)."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return value
+    text = format(Decimal(repr(value)), "f")
+    return Float(value, Trivia(), text if "." in text else text + ".0")
 
 
 def is_read_only(path: Path) -> bool:

@@ -13,6 +13,11 @@ from typing import Any
 from . import stats as _stats
 
 PHASES = ("forward", "loss", "backward", "recompute", "optimizer")
+# A timed run whose threads waited for a CPU longer than this share of the time they were
+# runnable was disturbed (other busy processes, or more threads than CPUs): its times
+# measure the contention as much as the model. Measured on a 2-core machine: 0.4-0.5%
+# idle, 50% with two CPU-bound processes beside the run.
+CPU_WAIT_LIMIT = 0.10
 
 
 @dataclass
@@ -60,6 +65,9 @@ class LatencyReport:
     (frequency scaling, noisy neighbours) move both, so ``ratios`` (sample over its
     calibration) compare across runs and processes where raw seconds do not.
     ``machine`` names what was measured on (CPU model and threads, or GPU name).
+    ``cpu_wait`` is the share of the time this process's threads were runnable that
+    they spent waiting for a CPU while the repeats ran (Linux scheduler statistics;
+    None where the system does not tell).
     """
 
     device: str
@@ -70,6 +78,17 @@ class LatencyReport:
     calibration: list[float] = field(default_factory=list)
     batch_size: int | None = None
     warnings: list[str] = field(default_factory=list)
+    cpu_wait: float | None = None
+
+    @property
+    def disturbance(self) -> str | None:
+        """Why these times do not measure the model alone (None when nothing says so)."""
+        if self.cpu_wait is not None and self.cpu_wait > CPU_WAIT_LIMIT:
+            return (
+                f"the CPU was shared: the run's threads waited for a CPU {self.cpu_wait:.0%} of the time they were ready to run "
+                f"(over {CPU_WAIT_LIMIT:.0%}: other busy processes, or more threads than CPUs)"
+            )
+        return None
 
     @property
     def runs(self) -> int:
@@ -150,7 +169,9 @@ class ModuleStats:
 
     FLOPs are inclusive (the module and everything it called); ``self_*`` excludes
     what ran inside child modules. ``recompute_flops`` is forward work repeated in
-    the backward pass by activation checkpointing.
+    the backward pass by activation checkpointing. A ``container`` (an ``nn.ModuleList``
+    or ``nn.ModuleDict`` that its parent iterates over, never called itself) shows the
+    sums of its children's figures, and the most memory any of them held.
     """
 
     path: str
@@ -178,6 +199,7 @@ class ModuleStats:
     self_backward_seconds: float | None = None
     forward_device_seconds: float | None = None
     backward_device_seconds: float | None = None
+    container: bool = False
 
     @property
     def peak_bytes(self) -> int:
@@ -221,6 +243,10 @@ class Profile:
     given) for a training step (``train=True``).
     ``peak_activation_bytes``, ``peak_memory_bytes``, ``latency_seconds`` (median) and
     ``machine`` (what the latency was measured on) are ``None`` when not measured.
+    ``peak_activation_bytes`` is, for a training step, the most bytes saved for the
+    backward pass at any moment; for inference (nothing is saved for a backward pass),
+    the most bytes of intermediate tensors alive at once: everything the forward pass
+    allocates (layer outputs, temporaries, the output), not the weights or the inputs.
     """
 
     model: str

@@ -28,7 +28,18 @@ from .cuda_estimates import CUBLAS_OPS, cublas_workspace_bytes, reserved_bytes
 from .errors import FormulaError, ProfileError
 from .flops import FlopMeter
 from .memo import LeafMemo
-from .memory import ACTIVATIONS, BUFFERS, CATEGORIES, CUDA_BLOCK, GRADIENTS, INPUTS, OPTIMIZER_STATE, PARAMETERS, MemoryMeter
+from .memory import (
+    ACTIVATIONS,
+    BUFFERS,
+    CATEGORIES,
+    CUDA_BLOCK,
+    GRADIENTS,
+    INPUTS,
+    OPTIMIZER_STATE,
+    PARAMETERS,
+    TEMPORARIES,
+    MemoryMeter,
+)
 from .modules import ROOT, ModuleTracker, StackKey
 from .result import MemoryReport, ModuleOp, ModuleStats, OpStats, Profile
 from .timing import Timing, batch_size_of, layer_times, measure_latency
@@ -179,6 +190,7 @@ def profile(
             if timing.layers:
                 times = layer_times(step, named_modules, target, timing.layer_repeats, timing.trace)
                 times.apply(result.modules)
+                roll_up_containers(result.modules, result.flops)
                 result.op_times = times.ops
                 result.profiler_events = times.events
     return result
@@ -532,7 +544,36 @@ def _build_profile(
     result.modules = list(modules.values())
     if meter.memory is not None:
         _add_memory(result, modules, meter.memory, {name for _, _, name in meter.tally}, target)
+    roll_up_containers(result.modules, total)
     return result
+
+
+_SUMMED = ("forward_flops", "backward_flops", "recompute_flops", "forward_macs", "backward_macs", "activation_bytes")
+_HIGHEST = ("forward_peak_bytes", "backward_peak_bytes")
+_TIMES = ("forward_seconds", "backward_seconds", "forward_device_seconds", "backward_device_seconds")
+
+
+def roll_up_containers(modules: list[ModuleStats], total_flops: int) -> None:
+    """Give each module that was never called itself but whose children were (``nn.ModuleList``,
+    ``nn.ModuleDict``: GPT-2's ``transformer.h``) the sums of its children's figures, deepest first,
+    so that the tree adds up; it is marked as a container."""
+    children: dict[str, list[ModuleStats]] = {}
+    for module in modules:
+        if module.path:
+            children.setdefault(module.path.rpartition(".")[0] if "." in module.path else "", []).append(module)
+    for module in sorted(modules, key=lambda m: -m.depth):
+        below = children.get(module.path, [])
+        if module.calls or not module.path or not any(c.calls or c.container for c in below):
+            continue
+        module.container = True
+        for name in _SUMMED:
+            setattr(module, name, sum(getattr(c, name) for c in below))
+        for name in _HIGHEST:
+            setattr(module, name, max(getattr(c, name) for c in below))
+        for name in _TIMES:
+            times = [getattr(c, name) for c in below if getattr(c, name) is not None]
+            setattr(module, name, sum(times) if times else getattr(module, name))
+        module.share = module.flops / total_flops if total_flops else 0.0
 
 
 class ModelFigures(TypedDict):
@@ -584,7 +625,10 @@ def _add_memory(result: Profile, modules: dict[str, ModuleStats], memory: Memory
         estimates=_cuda_estimates(memory, ran, target) if memory.events is not None else {},
     )
     result.peak_memory_bytes = memory.peak
-    result.peak_activation_bytes = memory.category_max[ACTIVATIONS]
+    if result.train:  # what the backward pass needs kept: the tensors saved for it
+        result.peak_activation_bytes = memory.category_max[ACTIVATIONS]
+    else:  # nothing is kept for a backward pass: the intermediate tensors alive at once
+        result.peak_activation_bytes = max((row[ACTIVATIONS] + row[TEMPORARIES] for _, row in memory.timeline), default=0)
     for path, stats in modules.items():
         stats.activation_bytes = memory.module_activations.get(path, 0)
         stats.forward_peak_bytes = memory.module_peaks.get((path, False), 0)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import math
+import os
 import platform
 import re
 import time
@@ -47,17 +48,19 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.profiler import ProfilerActivity, schedule
+from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .._format import plain
 from .errors import ProfileError
 from .modules import ROOT, ModuleTracker, StackKey
-from .result import LatencyReport, ModuleStats, OpTime
+from .result import CPU_WAIT_LIMIT, LatencyReport, ModuleStats, OpTime
 
 MIN_SAMPLE_SECONDS = 5e-3  # a repeat runs calls back to back until it lasts this long
 MAX_REPEATS = 100_000
+MIN_REPEATS_SHARED = 3  # on a CPU found shared in the warm-up: enough for a median, not min_repeats
 
 
 class LatencyWarning(UserWarning):
@@ -120,7 +123,7 @@ def _slug(text: str) -> str:
 # workloads -----------------------------------------------------------------
 
 
-class _Clock:
+class Clock:
     """Times a function on one device: perf_counter on CPU, events on CUDA."""
 
     def __init__(self, device: torch.device) -> None:
@@ -143,6 +146,34 @@ class _Clock:
         end.record()
         end.synchronize()
         return float(begin.elapsed_time(end)) / 1e3 / calls
+
+
+def cpu_wait_counters() -> tuple[int, int] | None:
+    """Nanoseconds this process's threads have run and have waited, runnable, for a CPU
+    (summed over ``/proc/self/task/*/schedstat``); None where the system does not tell."""
+    run = wait = 0
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/schedstat", "rb") as handle:
+                fields = handle.read().split()
+        except OSError:
+            continue  # a thread that ended since the listing
+        if len(fields) >= 2:
+            run += int(fields[0])
+            wait += int(fields[1])
+    return (run, wait) if run else None
+
+
+def cpu_wait_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of runnable time spent waiting for a CPU between two readings."""
+    if before is None or after is None:
+        return None
+    run, wait = max(after[0] - before[0], 0), max(after[1] - before[1], 0)
+    return wait / (run + wait) if run + wait else None
 
 
 def calibration_workload(device: torch.device) -> Callable[[], Any]:
@@ -176,9 +207,26 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = str(func.overloadpacket)
         self.ops.append(name)
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if torch.Tag.nondeterministic_seeded in func.tags and _draws(func, args, kwargs or {}):
             self.random.add(f"aten.{name}" if "." not in name else name)
         return func(*args, **(kwargs or {}))
+
+
+def _draws(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a call of a seeded op draws random numbers: not with a probability of 0
+    (``dropout_p=0`` of attention in train mode, ``p=0``) or ``train=False``."""
+    for index, argument in enumerate(func._schema.arguments):
+        if index < len(args):
+            value = args[index]
+        elif argument.name in kwargs:
+            value = kwargs[argument.name]
+        else:  # left out of the call: the schema's default (the dispatcher drops trailing defaults)
+            value = argument.default_value if argument.has_default_value() else None
+        if argument.name in ("dropout_p", "p") and isinstance(value, (int, float)) and value == 0:
+            return False
+        if argument.name == "train" and value is False:
+            return False
+    return True
 
 
 def _check_behaviour(step: Callable[[], Any], train: bool) -> list[str]:
@@ -220,13 +268,29 @@ def _same(a: Any, b: Any) -> bool:
 # latency -------------------------------------------------------------------
 
 
-def measure_latency(step: Callable[[], Any], device: torch.device, timing: Timing, *, train: bool, batch_size: int | None) -> LatencyReport:
-    """Time ``step`` (one call of the workload, ready to run on ``device``) as described in the module docs."""
-    clock = _Clock(device)
+def measure_latency(
+    step: Callable[[], Any],
+    device: torch.device,
+    timing: Timing,
+    *,
+    train: bool,
+    batch_size: int | None,
+    clock: Clock | None = None,
+    cpu_wait: Callable[[], tuple[int, int] | None] | None = None,
+) -> LatencyReport:
+    """Time ``step`` (one call of the workload, ready to run on ``device``) as described in the module docs.
+
+    ``clock`` and ``cpu_wait`` are the timer and the scheduler's counters (tests pass their own).
+    What makes the latency less than one clear figure is warned about (:class:`LatencyWarning`)
+    when it concerns the model, and listed in ``LatencyReport.warnings`` in every case.
+    """
+    clock = clock or Clock(device)
+    cpu_wait = cpu_wait or cpu_wait_counters
     problems = _check_behaviour(step, train)
     for problem in problems:
         warnings.warn(problem, LatencyWarning, stacklevel=3)
     estimate = math.inf
+    warmup_counters = cpu_wait()
     for _ in range(max(timing.warmup, 1)):
         estimate = min(estimate, clock.time(step, 1))
     calls = max(1, math.ceil(MIN_SAMPLE_SECONDS / estimate)) if estimate > 0 else 1000
@@ -238,26 +302,32 @@ def measure_latency(step: Callable[[], Any], device: torch.device, timing: Timin
         calibration_estimate = min(clock.time(calibrate, 1) for _ in range(3))
         calibration_calls = max(1, math.ceil(MIN_SAMPLE_SECONDS / calibration_estimate)) if calibration_estimate > 0 else 1000
         per_repeat += (calibration_calls + 1) * calibration_estimate
+    shared = (cpu_wait_share(warmup_counters, cpu_wait()) or 0.0) > CPU_WAIT_LIMIT  # over the warm-up and calibration calls
     if timing.repeats is not None:
         repeats = timing.repeats
     else:
         if timing.budget < estimate:
             raise ProfileError(
-                f"the timing budget of {timing.budget:g} s is shorter than one call of the workload "
-                f"({estimate * 1e3:.3g} ms): give at least {timing.min_repeats * per_repeat:.2g} s"
+                f"the timing budget of {plain(timing.budget)} s is shorter than one call of the workload "
+                f"({_ms(estimate)}): give at least {_seconds(timing.min_repeats * per_repeat)}"
             )
         repeats = int(timing.budget / per_repeat)
         if repeats < timing.min_repeats:
-            problem = (
-                f"the timing budget of {timing.budget:g} s allows {repeats} repeats of {per_repeat * 1e3:.3g} ms; "
-                f"ran min_repeats={timing.min_repeats} ({timing.min_repeats * per_repeat:.2g} s) instead"
+            if shared:  # a run on a shared CPU will not decide anything: it keeps to its budget
+                ran = max(repeats, MIN_REPEATS_SHARED)
+                reason = "the CPU was shared during the warm-up"
+            else:
+                ran = timing.min_repeats
+                reason = f"min_repeats={timing.min_repeats}"
+            problems.append(
+                f"the timing budget of {plain(timing.budget)} s allows {repeats} repeats of {_ms(per_repeat)}; "
+                f"ran {ran} ({_seconds(ran * per_repeat)}): {reason}"
             )
-            warnings.warn(problem, LatencyWarning, stacklevel=3)
-            problems.append(problem)
-            repeats = timing.min_repeats
+            repeats = ran
         repeats = min(repeats, MAX_REPEATS)
     samples: list[float] = []
     calibration: list[float] = []
+    counters = cpu_wait()
     for _ in range(repeats):
         samples.append(clock.time(step, calls))
         if calibrate is not None:
@@ -272,7 +342,16 @@ def measure_latency(step: Callable[[], Any], device: torch.device, timing: Timin
         calibration=calibration,
         batch_size=batch_size,
         warnings=problems,
+        cpu_wait=cpu_wait_share(counters, cpu_wait()),
     )
+
+
+def _ms(seconds: float) -> str:
+    return f"{plain(seconds * 1e3, 3)} ms" if seconds < 10 else _seconds(seconds)
+
+
+def _seconds(seconds: float) -> str:
+    return f"{plain(seconds, 2)} s"
 
 
 def batch_size_of(args: Any) -> int | None:
@@ -364,15 +443,15 @@ def layer_times(
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     tracker = ModuleTracker(named_modules)
-    # one profiled call first, discarded: the profiler's own start-up lands in it
-    with torch_profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=calls, repeat=1)) as profiler:
+    # one profiled call more, whose events are dropped: the profiler's own start-up lands in
+    # it (a warm-up schedule would restart the profiler, which torch >= 2.11 warns about)
+    with torch_profile(activities=activities) as profiler:
         with tracker, _Labels(tracker):
             for _ in range(calls + 1):
                 with torch.autograd.profiler.record_function(_CALL):
                     step()
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                profiler.step()
     if trace is not None:
         profiler.export_chrome_trace(str(trace))
     return _attribute(profiler.events(), tracker, calls)
@@ -380,16 +459,18 @@ def layer_times(
 
 def _attribute(events: Any, tracker: ModuleTracker, calls: int) -> LayerTimes:
     """Module times: those of the median profiled call (one slow call moves nothing);
-    operator times: the mean per call (so that they add up to their totals)."""
+    operator times: the mean per call (so that they add up to their totals). The first
+    profiled call is the profiler's warm-up: its events are left out."""
     us = 1e-6
     starts = sorted(e.time_range.start for e in events if e.name == _CALL)
-    per_call: list[dict[str, dict[str, float]]] = [defaultdict(lambda: defaultdict(float)) for _ in starts]
+    per_call: list[dict[str, dict[str, float]]] = [defaultdict(lambda: defaultdict(float)) for _ in starts[1:]]
     ops: dict[tuple[str, str, str], OpTime] = {}
     for event in events:
         name = event.name
-        if name == _CALL or name.startswith("ProfilerStep") or not starts:
+        call = bisect.bisect_right(starts, event.time_range.start) - 2  # -1: in the warm-up call, or before it
+        if name == _CALL or name.startswith("ProfilerStep") or call < 0:
             continue
-        times = per_call[max(bisect.bisect_right(starts, event.time_range.start) - 1, 0)]
+        times = per_call[call]
         if name.startswith(_LABEL):
             if _owner(event)[0] == "forward":  # (a range in the backward pass is recomputation: its node counts it)
                 path = name[len(_LABEL) :]

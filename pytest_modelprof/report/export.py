@@ -24,6 +24,7 @@ MODULE_FIELDS = (
     "activation_bytes",
     "forward_peak_bytes",
     "backward_peak_bytes",
+    "container",
 )
 OP_FIELDS = ("op", "phase", "calls", "flops", "macs", "allocated_bytes", "modules")
 

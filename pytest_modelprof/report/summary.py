@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._format import plain
 from ..budgets import METRICS, Verdict
 from ..engine.result import Profile
 
@@ -25,12 +26,12 @@ def summary_row(verdict: Verdict, profile: Profile | None, baseline_gflops: floa
     if profile is None:
         return row
     gflops = METRICS["gflops"].measure(profile)
-    row.gflops = f"{gflops:.4g}" if gflops is not None else ""
+    row.gflops = plain(gflops) if gflops is not None else ""
     row.params = f"{profile.params:,}"
     peak = METRICS["peak_memory_mb"].measure(profile)
-    row.peak_mb = f"{peak:.4g}" if peak is not None else ""
+    row.peak_mb = plain(peak) if peak is not None else ""
     latency = METRICS["latency_ms"].measure(profile)
-    row.latency_ms = f"{latency:.3g}" if latency is not None else ""
+    row.latency_ms = plain(latency, 3) if latency is not None else ""
     if baseline_gflops and gflops is not None:
         row.change = f"{(gflops - baseline_gflops) / baseline_gflops:+.2%}"
     return row

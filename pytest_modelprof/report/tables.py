@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .._format import plain
 from ..engine.result import ModuleStats, Profile
 from .text import format_count, format_header, format_seconds
 
@@ -65,10 +66,10 @@ def _number(value: float | None, human: bool, unit: str = "") -> str:
     if value is None:
         return ""
     if unit == "s":
-        return format_seconds(value) if human else f"{value:.6g}"
+        return format_seconds(value) if human else plain(value, 6, grouping=False)
     if human:
         return format_count(value, unit)
-    return f"{value:.0f}" if float(value).is_integer() else f"{value:.6g}"
+    return f"{value:.0f}" if float(value).is_integer() else plain(value, 6, grouping=False)
 
 
 def _cell(column: Column, module: ModuleStats, profile: Profile, human: bool) -> str:
@@ -80,6 +81,11 @@ def _cell(column: Column, module: ModuleStats, profile: Profile, human: bool) ->
         total = column.share_of(profile)
         text += f" ({value / total:.1%})" if total else ""
     return text
+
+
+def _type(module: ModuleStats) -> str:
+    """A module's type, marked when its figures are its children's sums (a container never called itself)."""
+    return f"{module.type} (sum)" if module.container else module.type
 
 
 def visible_modules(profile: Profile, depth: int | None = None, ignore: Iterable[str] = ()) -> list[ModuleStats]:
@@ -120,7 +126,7 @@ def format_model_graph(profile: Profile, depth: int | None = None, ignore: Itera
     columns = [c for c in module_columns(profile) if c.header != "share"]
 
     def render(module: ModuleStats, indent: str) -> list[str]:
-        label = f"({module.name}): {module.type}" if module.path else module.type
+        label = f"({module.name}): {_type(module)}" if module.path else module.type
         figures = ", ".join(f"{_cell(c, module, profile, human)} {c.header}" for c in columns)
         figures += f", {module.share:.1%} of FLOPs"
         below = children.get(module.path, [])
@@ -149,7 +155,7 @@ def format_tree_table(
     rows: list[tuple[str, str, list[str]]] = []
     for module, guide in zip(modules, _guides(modules)):
         name = module.name if module.path else profile.model
-        rows.append((_fit_tree(guide, name, name_width), module.type, [_cell(c, module, profile, human) for c in columns]))
+        rows.append((_fit_tree(guide, name, name_width), _type(module), [_cell(c, module, profile, human) for c in columns]))
         if ops:
             below = _continuation(guide)
             for op in module.ops:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .._format import plain
 from ..engine.result import Profile
 
 _PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
@@ -19,8 +20,8 @@ def format_seconds(value: float) -> str:
     """``0.0123`` -> ``"12.3 ms"``."""
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
         if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value / 1e-9:.3g} ns"
+            return f"{plain(value / scale, 3)} {unit}"
+    return f"{plain(value / 1e-9, 3)} ns"
 
 
 def format_latency(profile: Profile) -> list[str]:
