@@ -2,8 +2,13 @@
 
 import os
 import stat
+import subprocess
+import sys
+import time
 
 from conftest import SMALL_GFLOPS_TEXT, write_budget
+
+from pytest_modelprof.budgets import load_budgets
 
 # inference: the only intermediate tensor is the 3 x 4 output (48 bytes); the peak holds
 # 20 weights, a 3 x 4 input and that output, float32: 4 * (20 + 12 + 12) = 176 bytes
@@ -148,3 +153,38 @@ def test_update_writes_through_a_symlinked_budget_file(project):
     project.runpytest("--modelprof-update").assert_outcomes(passed=1)
     assert link.is_symlink() and link.resolve() == shared.resolve()
     assert f"gflops = {SMALL_GFLOPS_TEXT}" in shared.read_text()
+
+
+KILLED_WRITER = """
+import sys
+from pathlib import Path
+from pytest_modelprof.budgets.write import write_atomically
+
+path, texts = Path(sys.argv[1]), [Path(sys.argv[2]).read_text(), Path(sys.argv[3]).read_text()]
+print("ready", flush=True)
+turn = 0
+while True:
+    write_atomically(path, texts[turn % 2])
+    turn += 1
+"""
+
+
+def test_kill_9_during_updates_leaves_each_file_old_or_new(tmp_path):
+    old = "".join(f'[profiles."p{i}".baseline]\ngflops = {i}.5\nparams = {i}\n\n' for i in range(3000))
+    new = old.replace(".5\n", ".25\n")
+    (tmp_path / "old.txt").write_text(old)
+    (tmp_path / "new.txt").write_text(new)
+    target = tmp_path / "budgets" / "zoo.toml"
+    target.parent.mkdir()
+    target.write_text(old)
+    for delay in (0.03, 0.13, 0.29):
+        writer = subprocess.Popen(
+            [sys.executable, "-c", KILLED_WRITER, str(target), str(tmp_path / "old.txt"), str(tmp_path / "new.txt")], stdout=subprocess.PIPE
+        )
+        assert writer.stdout.readline() == b"ready\n"
+        time.sleep(delay)
+        writer.kill()  # SIGKILL: no cleanup runs
+        writer.wait()
+        writer.stdout.close()
+        assert target.read_text() in (old, new)
+    load_budgets(target.parent)  # loads: leftover temporary files are not *.toml
