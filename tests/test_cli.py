@@ -221,11 +221,13 @@ def test_help_lists_every_option(capsys):
 
 def test_progress_is_shown_only_for_slow_work():
     stream = io.StringIO()
-    with progress("quick", after=0.5, stream=stream):
+    with progress("quick", after=60, stream=stream):
         pass
     assert stream.getvalue() == ""
     with progress("slow", after=0.05, stream=stream):
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30  # however busy the machine: the line comes once the work outlasts 0.05 s
+        while not stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert stream.getvalue() == "modelprof: slow...\n"
 
 
