@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .budgets import NEW, REGRESSED, STALE, UNCHANGED, UPDATED, BudgetError, Budgets, Finding, Verdict, check, update_files
+from .budgets.load import shown_path
 from .engine.result import Profile
 
 SCHEMA_VERSION = 1
@@ -216,11 +217,11 @@ class ModelprofSession:
             counts[verdict.status] = counts.get(verdict.status, 0) + 1
         summary = {
             "schema_version": SCHEMA_VERSION,
-            "budgets": str(self.budgets.directory),
+            "budgets": str(shown_path(self.budgets.directory, self.budgets.root)),
             "profiles": entries,
             "stale": self.stale,
             "counts": counts,
-            "updated_files": [str(p) for p in self.written],
+            "updated_files": [str(shown_path(p, self.budgets.root)) for p in self.written],
         }
         (directory / "session.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 

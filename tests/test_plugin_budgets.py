@@ -16,6 +16,28 @@ def test_over_ceiling_fails_the_test_itself(project):
     result.stdout.fnmatch_lines(["*test_models.py::test_small *regressed"])
 
 
+def test_a_ceiling_failure_says_to_edit_the_ceiling_not_to_update(project):
+    write_budget(project, '[profiles."test_models.py::test_small"]\nmax_params = 10\n')
+    result = project.runpytest()
+    result.stdout.fnmatch_lines(
+        [
+            "  params: measured 20 params, allowed 10 params (max_params): +100.00% (+10 params) [[]budgets/test_models.toml:2[]]",
+            "  max_params is a hand-written ceiling: raise it at budgets/test_models.toml:2 if the increase is intended, or fix the model",
+        ]
+    )
+    assert "record it as the new baseline" not in result.stdout.str()
+    assert not [line for line in result.stdout.lines if str(project.path) in line and not line.startswith("rootdir:")]
+
+
+def test_messages_name_the_budget_file_relative_to_the_rootdir_from_a_subdirectory(project, monkeypatch):
+    write_budget(project, '[profiles."test_models.py::test_small"]\nmax_params = 10\n')
+    (project.path / "sub").mkdir()
+    monkeypatch.chdir(project.path / "sub")
+    result = project.runpytest("--rootdir", str(project.path), str(project.path / "test_models.py"))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*(max_params): +100.00% (+10 params) [[]budgets/test_models.toml:2[]]"])
+
+
 def test_worse_than_baseline_beyond_tolerance(project):
     baseline = SMALL_GFLOPS / 1.05  # the model now costs 5% more
     write_budget(

@@ -94,6 +94,7 @@ class Budgets:
     directory: Path
     profiles: dict[str, ProfileBudget] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    root: Path | None = None  # what messages and artifacts name files relative to (pytest's rootdir)
 
 
 def load_budgets(directory: Path, *, required: bool = False, root: Path | None = None) -> Budgets:
@@ -105,6 +106,7 @@ def load_budgets(directory: Path, *, required: bool = False, root: Path | None =
         budgets = _load(directory, required, root)
     except BudgetError as error:
         raise BudgetError(error.path, error.line, error.message, root) from None
+    budgets.root = root
     for budget in budgets.profiles.values():
         budget.root = root
     return budgets
