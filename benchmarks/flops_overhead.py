@@ -32,7 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.gpt2 import GPT2, GPT2Config
 from pytest_modelprof import profile
-from pytest_modelprof.engine.stats import median_interval
+from pytest_modelprof.stats import median_interval
 
 
 def workloads():

@@ -37,9 +37,8 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pytest_modelprof import Timing, profile  # noqa: E402
+from pytest_modelprof import Timing, profile, stats  # noqa: E402
 from pytest_modelprof.budgets import check, load_budgets, update_files  # noqa: E402
-from pytest_modelprof.engine import stats  # noqa: E402
 
 NAME = "resnet18 batch 1"
 

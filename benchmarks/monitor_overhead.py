@@ -21,8 +21,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pytest_modelprof import MemoryMonitor  # noqa: E402
-from pytest_modelprof.engine import stats  # noqa: E402
+from pytest_modelprof import MemoryMonitor, stats  # noqa: E402
 
 ITERATIONS = 20
 

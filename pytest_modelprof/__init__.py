@@ -5,9 +5,81 @@ The Python API works without pytest::
     from pytest_modelprof import profile
     result = profile(model, torch.randn(1, 3, 224, 224), device="meta")
     print(result.gflops, result.params)
+
+The engine (and torch with it) is imported on first use of a name that needs it:
+``pytest_modelprof.budgets``, ``pytest_modelprof.report`` and ``pytest_modelprof.results``
+import no torch.
 """
 
-from . import engine
-from .engine import *  # noqa: F403  (the public API is the engine's)
+from __future__ import annotations
 
-__all__ = engine.__all__
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .results import LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
+
+if TYPE_CHECKING:
+    from .engine import (
+        FormulaError,
+        IterationMemory,
+        LatencyWarning,
+        MemoryGrowthWarning,
+        MemoryMonitor,
+        OpCost,
+        ProfileError,
+        Timing,
+        calibration_workload,
+        machine_name,
+        profile,
+        register_flop_formula,
+        unregister_flop_formula,
+    )
+
+_FROM_ENGINE = (
+    "FormulaError",
+    "IterationMemory",
+    "LatencyWarning",
+    "MemoryGrowthWarning",
+    "MemoryMonitor",
+    "OpCost",
+    "ProfileError",
+    "Timing",
+    "calibration_workload",
+    "machine_name",
+    "profile",
+    "register_flop_formula",
+    "unregister_flop_formula",
+)
+
+__all__ = [
+    "FormulaError",
+    "IterationMemory",
+    "LatencyReport",
+    "LatencyWarning",
+    "MemoryGrowthWarning",
+    "MemoryMonitor",
+    "MemoryReport",
+    "ModuleOp",
+    "ModuleStats",
+    "OpCost",
+    "OpStats",
+    "OpTime",
+    "Profile",
+    "ProfileError",
+    "Timing",
+    "calibration_workload",
+    "machine_name",
+    "profile",
+    "register_flop_formula",
+    "unregister_flop_formula",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_ENGINE:
+        return getattr(importlib.import_module(".engine", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

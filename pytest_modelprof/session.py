@@ -12,7 +12,7 @@ from typing import Any
 
 from .budgets import NEW, REGRESSED, STALE, UNCHANGED, UPDATED, BudgetError, Budgets, Finding, Verdict, check, update_files
 from .budgets.load import shown_path
-from .engine.result import Profile
+from .results import Profile
 
 SCHEMA_VERSION = 1
 

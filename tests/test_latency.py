@@ -16,9 +16,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pytest_modelprof import LatencyWarning, ProfileError, Timing, machine_name, profile
+from pytest_modelprof import LatencyWarning, ProfileError, Timing, machine_name, profile, stats
 from pytest_modelprof.engine import run as engine_run
-from pytest_modelprof.engine import stats
 from pytest_modelprof.engine.timing import cpu_wait_counters, cpu_wait_share, measure_latency
 
 QUICK = Timing(budget=0.3, warmup=1, min_repeats=5)

@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import stats
 from .._format import plain
-from ..engine import stats
-from ..engine.result import Profile
+from ..results import Profile
 from .load import ProfileBudget
 from .metrics import CONFIDENCE, LIMITED, METRICS, Metric, device_kind
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._format import plain
-from ..engine.result import Profile
+from ..results import Profile
 
 
 @dataclass(frozen=True)

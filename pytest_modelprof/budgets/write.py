@@ -15,7 +15,7 @@ import tomlkit
 from tomlkit.items import Float, Table, Trivia
 
 from .._files import replace_atomically
-from ..engine.result import Profile
+from ..results import Profile
 from .load import BudgetError, Budgets
 from .metrics import METRICS
 

@@ -1,10 +1,10 @@
 """The profiling engine: knows PyTorch, knows nothing of pytest."""
 
+from ..results import LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
 from .errors import FormulaError, ProfileError
 from .flops import register_flop_formula, unregister_flop_formula
 from .formulas import OpCost
 from .monitor import IterationMemory, MemoryGrowthWarning, MemoryMonitor
-from .result import LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
 from .run import profile
 from .timing import LatencyWarning, Timing, calibration_workload, machine_name
 

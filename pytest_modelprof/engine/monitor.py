@@ -56,7 +56,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from .._files import replace_atomically
-from .result import Profile
+from ..results import Profile
 from .run import model_figures
 
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations_peak", "activations_alive", "intermediate_gradients_peak")

@@ -24,6 +24,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..results import MemoryReport, ModuleOp, ModuleStats, OpStats, Profile
 from .cuda_estimates import CUBLAS_OPS, cublas_workspace_bytes, reserved_bytes
 from .errors import FormulaError, ProfileError
 from .flops import FlopMeter
@@ -41,7 +42,6 @@ from .memory import (
     MemoryMeter,
 )
 from .modules import ROOT, ModuleTracker, StackKey
-from .result import MemoryReport, ModuleOp, ModuleStats, OpStats, Profile
 from .timing import Timing, batch_size_of, layer_times, measure_latency
 
 

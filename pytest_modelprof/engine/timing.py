@@ -62,9 +62,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .._format import plain
+from ..results import CPU_WAIT_LIMIT, LatencyReport, ModuleStats, OpTime
 from .errors import ProfileError
 from .modules import ROOT, ModuleTracker, StackKey
-from .result import CPU_WAIT_LIMIT, LatencyReport, ModuleStats, OpTime
 
 MIN_SAMPLE_SECONDS = 5e-3  # a repeat runs calls back to back until it lasts this long
 MAX_REPEATS = 100_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from typing import TextIO
 
-from ..engine.result import Profile
+from ..results import Profile
 
 MODULE_FIELDS = (
     "path",

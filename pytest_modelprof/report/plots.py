@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..engine.result import Profile
+from ..results import Profile
 from .tables import visible_modules
 from .text import format_count
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .._format import plain
 from ..budgets import METRICS, Verdict
-from ..engine.result import Profile
+from ..results import Profile
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._format import plain
-from ..engine.result import ModuleStats, Profile
+from ..results import ModuleStats, Profile
 from .text import format_count, format_header, format_seconds
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .._format import plain
-from ..engine.result import Profile
+from ..results import Profile
 
 _PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 

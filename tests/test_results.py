@@ -1,0 +1,20 @@
+"""The results and the budget and report code read plain data: no torch needed to load them."""
+
+import subprocess
+import sys
+
+
+def test_budgets_reports_and_results_import_no_torch():
+    code = (
+        "import sys, pytest_modelprof, pytest_modelprof.budgets, pytest_modelprof.report, pytest_modelprof.results; "
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_engine_loads_on_first_use_of_its_names():
+    code = "import sys, pytest_modelprof; pytest_modelprof.profile; assert 'torch' in sys.modules; print(pytest_modelprof.Timing().budget)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "2.0"
