@@ -35,22 +35,6 @@ if TYPE_CHECKING:
         unregister_flop_formula,
     )
 
-_FROM_ENGINE = (
-    "FormulaError",
-    "IterationMemory",
-    "LatencyWarning",
-    "MemoryGrowthWarning",
-    "MemoryMonitor",
-    "OpCost",
-    "ProfileError",
-    "Timing",
-    "calibration_workload",
-    "machine_name",
-    "profile",
-    "register_flop_formula",
-    "unregister_flop_formula",
-)
-
 __all__ = [
     "FormulaError",
     "IterationMemory",
@@ -76,7 +60,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_ENGINE:
+    # called only for names not defined here: the results are, the engine's names load it
+    if name in __all__:
         return getattr(importlib.import_module(".engine", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

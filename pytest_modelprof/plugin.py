@@ -302,9 +302,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     coverage = config.stash[STATE].coverage
     coverage.scope = _scope(config)
-    for item in items:
-        coverage.tests.add(item.nodeid)
-        coverage.files.add(item.nodeid.partition("::")[0])
+    coverage.tests.update(item.nodeid for item in items)
 
 
 def _scope(config: pytest.Config) -> list[str]:

@@ -43,18 +43,16 @@ class RunCoverage:
 
     complete: bool = True
     scope: list[str] = field(default_factory=list)
-    files: set[str] = field(default_factory=set)  # test files collected
     tests: set[str] = field(default_factory=set)  # node ids collected
     passed: set[str] = field(default_factory=set)  # node ids whose every phase passed
     not_passed: set[str] = field(default_factory=set)  # node ids with a phase failed, skipped or xfailed
 
     def to_json(self) -> dict[str, Any]:
-        return {"complete": self.complete, "scope": self.scope, "files": sorted(self.files), "tests": sorted(self.tests)}
+        return {"complete": self.complete, "scope": self.scope, "tests": sorted(self.tests)}
 
     def merge(self, data: dict[str, Any]) -> None:
         self.complete = self.complete and data["complete"]
         self.scope = sorted(set(self.scope) | set(data["scope"]))
-        self.files.update(data["files"])
         self.tests.update(data["tests"])
 
     def report(self, nodeid: str, when: str, outcome: str) -> None:
