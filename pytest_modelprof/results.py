@@ -20,6 +20,11 @@ PHASES = ("forward", "loss", "backward", "recompute", "optimizer")
 CPU_WAIT_LIMIT = 0.10
 
 
+def cpu_was_shared(cpu_wait: float | None) -> bool:
+    """Whether a run whose threads waited ``cpu_wait`` of their runnable time for a CPU was disturbed."""
+    return cpu_wait is not None and cpu_wait > CPU_WAIT_LIMIT
+
+
 @dataclass
 class ModuleOp:
     """An operator that ran directly in a module (not in its children), in one phase."""
@@ -83,7 +88,7 @@ class LatencyReport:
     @property
     def disturbance(self) -> str | None:
         """Why these times do not measure the model alone (None when nothing says so)."""
-        if self.cpu_wait is not None and self.cpu_wait > CPU_WAIT_LIMIT:
+        if self.cpu_wait is not None and cpu_was_shared(self.cpu_wait):
             return (
                 f"the CPU was shared: the run's threads waited for a CPU {self.cpu_wait:.0%} of the time they were ready to run "
                 f"(over {CPU_WAIT_LIMIT:.0%}: other busy processes, or more threads than CPUs)"

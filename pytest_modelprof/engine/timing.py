@@ -62,7 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .._format import plain
-from ..results import CPU_WAIT_LIMIT, LatencyReport, ModuleStats, OpTime
+from ..results import LatencyReport, ModuleStats, OpTime, cpu_was_shared
 from .errors import ProfileError
 from .modules import ROOT, ModuleTracker, StackKey
 
@@ -310,7 +310,7 @@ def measure_latency(
         calibration_estimate = min(clock.time(calibrate, 1) for _ in range(3))
         calibration_calls = max(1, math.ceil(MIN_SAMPLE_SECONDS / calibration_estimate)) if calibration_estimate > 0 else 1000
         per_repeat += (calibration_calls + 1) * calibration_estimate
-    shared = (cpu_wait_share(warmup_counters, cpu_wait()) or 0.0) > CPU_WAIT_LIMIT  # over the warm-up and calibration calls
+    shared = cpu_was_shared(cpu_wait_share(warmup_counters, cpu_wait()))  # over the warm-up and calibration calls
     if timing.repeats is not None:
         repeats = timing.repeats
     else:
