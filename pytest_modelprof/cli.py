@@ -25,6 +25,7 @@ from torch import nn
 
 from .budgets import REGRESSED, BudgetError, check, load_budgets
 from .engine import ProfileError, Timing, profile
+from .engine.run import DEVICE_KINDS, device_kind
 from .report.export import write_modules_csv, write_ops_csv
 from .report.tables import format_memory_report, format_op_table, format_op_times, format_top, format_tree_table
 from .report.text import format_header
@@ -249,13 +250,12 @@ def parse_keywords(items: list[str]) -> dict[str, Any]:
 
 
 def _check_device(device: str) -> str:
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise CliError(f"unknown device {device!r}: expected cpu, cuda, cuda:N or meta") from None
+    kind = device_kind(device)
+    if kind is None:
+        raise CliError(f"unknown device {device!r}: expected cpu, cuda, cuda:N or meta")
     if kind == "cuda" and not torch.cuda.is_available():
         raise CliError(f"device {device!r} is not available on this machine (no CUDA GPU)")
-    if kind not in ("cpu", "cuda", "meta"):
+    if kind not in DEVICE_KINDS:
         raise CliError(f"unsupported device {device!r}: expected cpu, cuda, cuda:N or meta")
     return device
 

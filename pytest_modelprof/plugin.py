@@ -19,6 +19,7 @@ from . import ci, hookspecs
 from .budgets import BudgetError, Verdict, load_budgets
 from .budgets.load import shown_path
 from .engine import LatencyWarning, Profile, Timing, profile, register_flop_formula, unregister_flop_formula
+from .engine.run import DEVICE_KINDS, device_kind
 from .report.summary import format_markdown, format_table, summary_row
 from .report.tables import format_tree_table
 from .report.text import format_header
@@ -108,17 +109,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(XdistHooks(config), "modelprof-xdist")
 
 
-DEVICE_KINDS = ("cpu", "cuda", "meta")
-
-
 def _check_device(value: str | None) -> None:
-    if not value:
-        return
-    try:
-        kind = torch.device(value).type
-    except (RuntimeError, ValueError):
-        kind = None
-    if kind not in DEVICE_KINDS:
+    if value and device_kind(value) not in DEVICE_KINDS:
         raise pytest.UsageError(f"--modelprof-device expects cpu, cuda, cuda:N or meta (analytic), got {value!r}")
 
 

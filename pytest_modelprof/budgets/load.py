@@ -140,10 +140,8 @@ def _check_file(path: Path) -> None:
     if path.is_symlink():
         try:
             path.resolve(strict=True)
-        except RuntimeError:  # Python < 3.13 reports a symlink loop so
-            raise BudgetError(path, None, "is a symlink loop; expected a budget file (*.toml)") from None
-        except OSError as error:
-            if error.errno == errno.ELOOP:
+        except (RuntimeError, OSError) as error:  # Python < 3.13 reports a symlink loop as a RuntimeError
+            if isinstance(error, RuntimeError) or error.errno == errno.ELOOP:
                 raise BudgetError(path, None, "is a symlink loop; expected a budget file (*.toml)") from None
             raise BudgetError(path, None, f"is a symlink to {os.readlink(path)}, which does not exist; expected a budget file") from None
     if path.is_dir():

@@ -289,6 +289,17 @@ def _check_keywords(kwargs: dict[Any, Any]) -> None:
         raise TypeError(f"keyword inputs need string keys, got {bad[0]!r}")
 
 
+DEVICE_KINDS = ("cpu", "cuda", "meta")  # what device= accepts ("meta": analytic)
+
+
+def device_kind(device: str) -> str | None:
+    """The kind of device a ``device=`` string names (``"cuda:1"`` -> ``"cuda"``); None if torch cannot parse it."""
+    try:
+        return torch.device(device).type
+    except (RuntimeError, ValueError):
+        return None
+
+
 def _choose_mode(
     model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], inputs: Any, device: str | torch.device | None
 ) -> tuple[FakeTensorMode | None, torch.device]:
@@ -560,7 +571,7 @@ def roll_up_containers(modules: list[ModuleStats], total_flops: int) -> None:
     children: dict[str, list[ModuleStats]] = {}
     for module in modules:
         if module.path:
-            children.setdefault(module.path.rpartition(".")[0] if "." in module.path else "", []).append(module)
+            children.setdefault(module.path.rpartition(".")[0], []).append(module)
     for module in sorted(modules, key=lambda m: -m.depth):
         below = children.get(module.path, [])
         if module.calls or not module.path or not any(c.calls or c.container for c in below):
