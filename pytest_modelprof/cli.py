@@ -25,7 +25,7 @@ from torch import nn
 
 from .budgets import REGRESSED, BudgetError, check, load_budgets
 from .engine import ProfileError, Timing, profile
-from .engine.run import DEVICE_KINDS, device_kind
+from .engine.workload import DEVICE_KINDS, device_kind
 from .report.export import write_modules_csv, write_ops_csv
 from .report.tables import format_memory_report, format_op_table, format_op_times, format_top, format_tree_table
 from .report.text import format_header

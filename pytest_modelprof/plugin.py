@@ -19,7 +19,7 @@ from . import ci, hookspecs
 from .budgets import BudgetError, Verdict, load_budgets
 from .budgets.load import shown_path
 from .engine import LatencyWarning, Profile, Timing, profile, register_flop_formula, unregister_flop_formula
-from .engine.run import DEVICE_KINDS, device_kind
+from .engine.workload import DEVICE_KINDS, device_kind
 from .report.summary import format_markdown, format_table, summary_row
 from .report.tables import format_tree_table
 from .report.text import format_header

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from . import stats as _stats
 
-PHASES = ("forward", "loss", "backward", "recompute", "optimizer")
+Phase = Literal["forward", "loss", "backward", "recompute", "optimizer"]
+"""Where in a step an op ran (see :mod:`pytest_modelprof.engine.dispatch`)."""
+PHASES: tuple[Phase, ...] = get_args(Phase)
+
+MemoryCategory = Literal["parameters", "buffers", "inputs", "gradients", "activations", "temporaries", "optimizer_state"]
+"""What a storage holds (see :mod:`pytest_modelprof.engine.meters.memory`)."""
+MEMORY_CATEGORIES: tuple[MemoryCategory, ...] = get_args(MemoryCategory)
 # A timed run whose threads waited for a CPU longer than this share of the time they were
 # runnable was disturbed (other busy processes, or more threads than CPUs): its times
 # measure the contention as much as the model. Measured on a 2-core machine: 0.4-0.5%
@@ -30,7 +36,7 @@ class ModuleOp:
     """An operator that ran directly in a module (not in its children), in one phase."""
 
     op: str
-    phase: str
+    phase: Phase
     calls: int = 0
     flops: int = 0
     macs: int = 0
@@ -46,12 +52,12 @@ class MemoryReport:
     """
 
     peak_bytes: int
-    peak_phase: str
+    peak_phase: Phase
     peak_module: str
     peak_breakdown: dict[str, int]
     category_max: dict[str, int]
-    categories: list[str]
-    timeline: list[tuple[str, list[int]]]
+    categories: list[MemoryCategory]
+    timeline: list[tuple[Phase, list[int]]]
     block_bytes: int = 1
     parameters: list[tuple[str, int, int]] = field(default_factory=list)  # (name, weight bytes, gradient bytes)
     # CUDA targets: labelled estimates of what allocated bytes do not show, never added to the
@@ -231,7 +237,7 @@ class OpStats:
     """One ATen operator (overload packet, e.g. ``aten.mm``) in one phase."""
 
     op: str
-    phase: str
+    phase: Phase | Literal["all"]  # "all": Profile.op()'s sum over the phases
     calls: int = 0
     flops: int = 0
     macs: int = 0
@@ -276,6 +282,7 @@ class Profile:
     modules: list[ModuleStats] = field(default_factory=list)
     ops: list[OpStats] = field(default_factory=list)
     uncounted: dict[str, int] = field(default_factory=dict)
+    flops_counted: bool = True  # False: a profile without the FLOP meter (profile(flops=False)), its FLOPs not measured
     name: str | None = None
     # Memory and latency figures: None until the memory and timing meters measure them.
     peak_activation_bytes: int | None = None
@@ -318,7 +325,7 @@ class Profile:
         known = ", ".join(repr(m.path) for m in self.modules[:8])
         raise KeyError(f"no module at path {path!r} in this profile (paths include {known})")
 
-    def op(self, op: str, phase: str | None = None) -> OpStats:
+    def op(self, op: str, phase: Phase | None = None) -> OpStats:
         """Totals for one operator (e.g. ``"aten.mm"``), over all phases unless one is given."""
         rows = [row for row in self.ops if row.op == op and (phase is None or row.phase == phase)]
         if not rows:

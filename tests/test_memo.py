@@ -11,7 +11,7 @@ from examples.gpt2 import GPT2, GPT2Config
 from models import TinyCNN, TinyTransformer
 from pytest_modelprof import ProfileError, profile
 from pytest_modelprof.engine import memo
-from pytest_modelprof.engine.flops import FlopMeter
+from pytest_modelprof.engine.dispatch import Dispatcher
 
 
 class DeepMLP(nn.Module):
@@ -51,13 +51,13 @@ WORKLOADS = [
 def replays(monkeypatch):
     """How many leaf calls were replayed (the meter is suspended once per replay)."""
     count = [0]
-    suspend = FlopMeter.suspend
+    suspend = Dispatcher.suspend
 
     def counting(self):
         count[0] += 1
         suspend(self)
 
-    monkeypatch.setattr(FlopMeter, "suspend", counting)
+    monkeypatch.setattr(Dispatcher, "suspend", counting)
     return count
 
 

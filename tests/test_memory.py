@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pytest_modelprof import profile
-from pytest_modelprof.engine.memory import CUDA_BLOCK, TEMPORARIES, MemoryMeter
+from pytest_modelprof.engine.meters.memory import CUDA_BLOCK, TEMPORARIES, MemoryMeter
 
 N, A, B, C = 16, 32, 64, 8
 

@@ -2,8 +2,9 @@
 
 from ..results import LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
 from .errors import FormulaError, ProfileError
-from .flops import register_flop_formula, unregister_flop_formula
 from .formulas import OpCost
+from .meters import Meter, Op
+from .meters.flops import register_flop_formula, unregister_flop_formula
 from .monitor import IterationMemory, MemoryGrowthWarning, MemoryMonitor
 from .run import profile
 from .timing import LatencyWarning, Timing, calibration_workload, machine_name
@@ -16,8 +17,10 @@ __all__ = [
     "MemoryGrowthWarning",
     "MemoryMonitor",
     "MemoryReport",
+    "Meter",
     "ModuleOp",
     "ModuleStats",
+    "Op",
     "OpCost",
     "OpStats",
     "OpTime",

@@ -12,8 +12,10 @@ inference modes. The first call with a signature is dispatched and counted as us
 and its rows are recorded; a later call with the same signature runs with the meter
 suspended, and the recorded rows are added under the module stack it runs in.
 
-The memo is used only where that holds exactly: FLOPs-only runs (the memory meter
-needs every op's outputs), in the forward pass, with the meter on top of the mode
+The memo is used only where that holds exactly: runs whose meters can all record and
+replay what an op contributes (the FLOP meter can; the memory meter needs every op's
+outputs, so a run that follows memory dispatches every op), in the forward pass, with
+the dispatcher on top of the mode
 stack, no autocast and no functorch transform active, no hooks on the module and no
 global module hooks but the tracker's, and the module's ``forward`` not replaced. A
 module of any other type, or a call that passes keyword arguments, is simply
@@ -25,7 +27,6 @@ outlives the formulas it was counted with.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,7 +34,7 @@ from torch import nn
 from torch.nn.modules import module as _module_globals
 
 if TYPE_CHECKING:
-    from .flops import FlopMeter
+    from .dispatch import Dispatcher
     from .modules import StackKey
 
 # Stock modules whose forward takes one input and runs ops fixed by the signature above.
@@ -97,8 +98,8 @@ STOCK_LEAVES: frozenset[type[nn.Module]] = frozenset(
 _PLAIN_TENSORS = frozenset({torch.Tensor, nn.Parameter, torch._subclasses.fake_tensor.FakeTensor})
 _SIMPLE = (bool, int, float, str, type(None))
 
-# (op name -> [calls, flops, macs]), (op name -> uncounted calls)
-Recording = tuple[dict[str, list[int]], Counter[str]]
+# each meter's recording of one call
+Recording = tuple[Any, ...]
 
 
 def _tensor_signature(t: Any) -> Any:
@@ -126,11 +127,11 @@ class _NotReplayable(Exception):
 
 
 class LeafMemo:
-    """Records and replays the rows of stock leaf-module calls for one :class:`FlopMeter` run."""
+    """Records and replays what the meters make of stock leaf-module calls, for one run."""
 
-    def __init__(self, meter: FlopMeter, hooks: int) -> None:
+    def __init__(self, dispatcher: Dispatcher, hooks: int) -> None:
         """``hooks``: how many global forward pre-hooks (and as many forward hooks) are the tracker's own."""
-        self.meter = meter
+        self.dispatcher = dispatcher
         self.recorded: dict[Any, Recording] = {}
         # types whose recorded call dispatched at most one op: replaying them saves
         # less than their signatures cost (a convolution, an activation)
@@ -172,12 +173,12 @@ class LeafMemo:
 
     def enter(self, module: nn.Module, args: tuple[Any, ...], key: StackKey) -> None:
         """Called as ``module`` starts, once the tracker has pushed its frame."""
-        meter = self.meter
+        dispatcher = self.dispatcher
         if (
             type(module) not in STOCK_LEAVES  # containers and custom modules: the common case, first
             or self._active is not None
             or type(module) in self._single_op_types
-            or meter.region != "forward"
+            or dispatcher.region != "forward"
             or torch._C._current_graph_task_id() != -1
         ):
             return
@@ -189,13 +190,13 @@ class LeafMemo:
         except TypeError:  # an unhashable symbolic size
             return
         if recording is None:
-            meter.capture = ({}, Counter())
+            dispatcher.start_capture()
             self._active = (module, signature, None, key)
             return
         depth = torch._C._len_torch_dispatch_stack()
-        if depth == 0 or torch._C._get_dispatch_stack_at(depth - 1) is not meter:
+        if depth == 0 or torch._C._get_dispatch_stack_at(depth - 1) is not dispatcher:
             return  # another mode is on top: its ops must go through it and us as usual
-        meter.suspend()
+        dispatcher.suspend()
         self._active = (module, signature, recording, key)
 
     def exit(self, module: nn.Module) -> None:
@@ -205,14 +206,11 @@ class LeafMemo:
             return
         self._active = None
         _, signature, recording, key = active
-        meter = self.meter
+        dispatcher = self.dispatcher
         if recording is None:
-            assert meter.capture is not None
-            rows, uncounted = self.recorded[signature] = meter.capture
-            meter.capture = None
-            if sum(row[0] for row in rows.values()) + sum(uncounted.values()) <= 1:
+            ops, self.recorded[signature] = dispatcher.end_capture()
+            if ops <= 1:
                 self._single_op_types.add(type(module))
             return
-        meter.resume()
-        rows, uncounted = recording
-        meter.add_rows("forward", key, rows, uncounted)
+        dispatcher.resume()
+        dispatcher.replay(recording, key)

@@ -57,7 +57,7 @@ from torch.utils._pytree import tree_flatten
 
 from .._files import replace_atomically
 from ..results import Profile
-from .run import model_figures
+from .assemble import model_figures
 
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations_peak", "activations_alive", "intermediate_gradients_peak")
 GROWING = ("gradients", "optimizer_state", "activations_alive", "cuda_allocated")  # what a leak makes grow

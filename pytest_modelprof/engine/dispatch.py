@@ -1,0 +1,169 @@
+"""One dispatch mode that feeds every meter the same stream of ops, with where each ran.
+
+Where an op ran is worked out once, here, for all meters: its *phase* and the *module
+stack* it ran under (:mod:`.modules` tracks both passes).
+
+- ``"forward"``: while the model runs; the stack is the modules running.
+- ``"loss"``: the loss, and the backward of the loss itself (nodes made outside the model).
+- ``"backward"``: the backward pass; the stack is the one that made the op's autograd node.
+- ``"recompute"``: forward work that activation checkpointing repeats in the backward pass
+  (ops that run there with grad mode on).
+- ``"optimizer"``: the optimizer step and ``zero_grad``.
+
+Ops that only read metadata (sizes, strides, contiguity) are not passed on. An op a meter
+wants decomposed (the FLOP meter, for an op it has no formula for) reaches every meter as
+the ops of its decomposition, where it has one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..results import Phase
+from .formulas import METADATA
+from .meters import Meter, Op, overrides
+from .modules import ROOT, ModuleTracker, StackKey
+
+_current_graph_task_id = torch._C._current_graph_task_id
+_current_autograd_node = torch._C._current_autograd_node
+
+
+def op_name(func: Any) -> str:
+    """The name ops are reported by: the overload packet (``"aten.mm"``)."""
+    return str(getattr(func, "_overloadpacket", func))
+
+
+class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Passes every op to each meter's :meth:`~.meters.Meter.op`, in the order the meters were given.
+
+    ``region`` is set by the step (:meth:`enter_region`): ``"forward"`` while the model
+    runs, ``"loss"`` while the loss is computed, ``"optimizer"`` during the optimizer step.
+    """
+
+    def __init__(self, tracker: ModuleTracker, meters: Sequence[Meter]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.tracker = tracker
+        self.meters = list(meters)
+        self.region: str = "forward"
+        self._op_handlers = tuple(m.op for m in self.meters if overrides(m, "op"))
+        self._decomposers = [m for m in self.meters if overrides(m, "wants_decomposition")]
+        self._names: dict[Any, tuple[str, bool]] = {}  # func -> (name, decompose it)
+        # a leaf-module memo (see memo.py) records what the meters add while capturing,
+        # and takes the dispatcher off the mode stack while a recorded call replays
+        self.capturing = False
+        self.captured_ops = 0
+        self.suspended = False
+
+    @property
+    def replayable(self) -> bool:
+        """Whether every meter can record and replay what an op call contributes."""
+        return all(m.replayable for m in self.meters)
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        """The dispatch mode, the module tracker and (for meters that want them) saved-tensor hooks, for the run."""
+        savers = [m for m in self.meters if overrides(m, "saved")]
+        with contextlib.ExitStack() as stack:
+            if savers:
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._saver(savers), _identity))
+            stack.enter_context(self.tracker)
+            stack.enter_context(self)
+            stack.callback(self._settle)
+            yield
+
+    def _saver(self, savers: list[Meter]) -> Any:
+        tracker = self.tracker
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            key = tracker.key or ROOT
+            for meter in savers:
+                meter.saved(tensor, key)
+            return tensor
+
+        return pack
+
+    def enter_region(self, name: str) -> None:
+        """The step moves on to ``name`` (``"loss"``, ``"optimizer"``, ``"end"``); the meters hear of it."""
+        self.region = name
+        for meter in self.meters:
+            meter.region(name)
+
+    def where(self) -> tuple[Phase, StackKey, Any]:
+        """The phase, module stack and autograd node (None outside the backward pass) of the op under way."""
+        if _current_graph_task_id() != -1:  # inside the backward pass
+            if torch.is_grad_enabled():
+                return "recompute", self.tracker.key or ROOT, None
+            node = _current_autograd_node()
+            key = self.tracker.key_of_node(node)
+            return ("backward", key, node) if key else ("loss", (), node)
+        if self.region != "forward":
+            return self.region, (), None  # type: ignore[return-value]
+        return "forward", self.tracker.key or ROOT, None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in METADATA:
+            return func(*args, **kwargs)
+        name, decompose = self._names.get(func) or self._resolve(func)
+        if decompose:
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = func(*args, **kwargs)
+        phase, key, node = self.where()
+        op = Op(func, name, args, kwargs, out, phase, key, node)
+        for handle in self._op_handlers:
+            handle(op)
+        if self.capturing:
+            self.captured_ops += 1
+        return out
+
+    def _resolve(self, func: Any) -> tuple[str, bool]:
+        entry = (op_name(func), any(m.wants_decomposition(func) for m in self._decomposers))
+        self._names[func] = entry
+        return entry
+
+    # leaf-module memo -----------------------------------------------------------
+
+    def start_capture(self) -> None:
+        self.capturing = True
+        self.captured_ops = 0
+        for meter in self.meters:
+            meter.start_capture()
+
+    def end_capture(self) -> tuple[int, tuple[Any, ...]]:
+        """How many ops the capture saw, and each meter's recording."""
+        self.capturing = False
+        return self.captured_ops, tuple(meter.end_capture() for meter in self.meters)
+
+    def replay(self, recordings: tuple[Any, ...], key: StackKey) -> None:
+        for meter, recording in zip(self.meters, recordings):
+            meter.replay(recording, "forward", key)
+
+    def suspend(self) -> None:
+        """Take the dispatcher off the top of the mode stack (ops then run unseen)."""
+        popped = torch._C._pop_torch_dispatch_stack(None)
+        assert popped is self
+        self.suspended = True
+
+    def resume(self) -> None:
+        """Put the dispatcher back on top of the mode stack."""
+        torch._C._push_on_torch_dispatch_stack(self)
+        self.suspended = False
+
+    def _settle(self) -> None:
+        """End any memo call left under way by an error, before the mode exits."""
+        if self.suspended:
+            self.resume()
+        if self.capturing:
+            self.end_capture()
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

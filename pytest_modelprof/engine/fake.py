@@ -1,0 +1,141 @@
+"""Where a workload runs, and its tensors for one run: real copies, or fake tensors (analytic mode).
+
+An analytic run (``device="meta"``, or a model or inputs that are already fake tensors)
+runs on fake tensors of one :class:`FakeTensorMode` that claim the model's real device,
+so the same kernels are chosen as in a real run while nothing is allocated or computed.
+A real run works on its own copies wherever the step would write into the caller's
+tensors (gradients, an optimizer step, buffers a training forward updates).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .errors import ProfileError
+
+
+def choose_mode(model_name: str, tensors: list[torch.Tensor], device: torch.device | None) -> tuple[FakeTensorMode | None, torch.device]:
+    """The fake mode of an analytic run (None for a real one) and the device the run targets.
+
+    ``tensors`` are the model's parameters and buffers and the input tensors; ``device``
+    is what the caller asked for (None: where the model is).
+    """
+    existing_fake = next((t.fake_mode for t in tensors if isinstance(t, FakeTensor)), None)
+    model_device = next((t.device for t in tensors if not isinstance(t, FakeTensor)), None)
+    if existing_fake is not None:
+        fake_device = next(t.device for t in tensors if isinstance(t, FakeTensor))
+        return existing_fake, fake_device
+    if device is not None and device.type == "meta":
+        # fake tensors claim the model's own device, so kernels are chosen as in a real run
+        claimed = model_device if model_device is not None and model_device.type != "meta" else torch.device("cpu")
+        # tensors the model keeps outside its parameters and buffers (plain attributes,
+        # closures) become fake on first use
+        return FakeTensorMode(allow_non_fake_inputs=True), claimed
+    target = device or model_device or torch.device("cpu")
+    if target.type == "meta":
+        raise ProfileError(f"{model_name} has tensors on the meta device: profile it analytically with device='meta'")
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ProfileError(f"device {str(target)!r} was asked for, but CUDA is not available on this machine")
+    return None, target
+
+
+@dataclass
+class RunTensors:
+    """The tensors one run works on, and its copy of the optimizer over them."""
+
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    optimizer: torch.optim.Optimizer | None
+
+
+def run_tensors(
+    named_params: dict[str, torch.Tensor],
+    named_buffers: dict[str, torch.Tensor],
+    inputs: tuple[tuple[Any, ...], dict[str, Any]],
+    optimizer: torch.optim.Optimizer | None,
+    fake_mode: FakeTensorMode | None,
+    target: torch.device,
+    train: bool,
+    model_name: str,
+) -> RunTensors:
+    """Tensors for a run (made outside any fake mode): the caller's tensors never receive
+    gradients or in-place updates."""
+    # an optimizer step writes into the parameters: then the run needs copies of its own
+    copy_params = optimizer is not None
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(target) if fake_mode is None else to_fake(t, fake_mode, target)
+
+    def parameter(t: torch.Tensor) -> torch.Tensor:
+        run = t.detach().to(target, copy=True) if copy_params and fake_mode is None else convert(t)
+        return run.requires_grad_(train and t.requires_grad)
+
+    def copy(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        copied = t.detach().to(target, copy=True) if fake_mode is None else convert(t)
+        if copied.is_floating_point() or copied.is_complex():
+            copied.requires_grad_(t.requires_grad)
+        return copied
+
+    params = {name: parameter(t) for name, t in named_params.items()}
+    buffers = {name: copy(t) if train else convert(t) for name, t in named_buffers.items()}
+    args, kwargs = tree_map(copy, inputs)
+    run_optimizer = None
+    if optimizer is not None:
+        by_id = {id(named_params[name]): tensor for name, tensor in params.items()}
+        run_optimizer = _copy_optimizer(optimizer, by_id, lambda t: _copy_state(t, fake_mode, target), model_name)
+    return RunTensors(params, buffers, args, kwargs, run_optimizer)
+
+
+def tensors_in(values: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(values)[0] if isinstance(t, torch.Tensor)]
+
+
+def _copy_optimizer(
+    optimizer: torch.optim.Optimizer, run_tensors: dict[int, torch.Tensor], copy_state: Any, model: str
+) -> torch.optim.Optimizer:
+    """The same optimizer (class, groups, hyperparameters, state) over the run's tensors."""
+    groups = []
+    for group in optimizer.param_groups:
+        params = []
+        for param in group["params"]:
+            run = run_tensors.get(id(param))
+            if run is None:
+                raise ProfileError(f"the optimizer holds a parameter of shape {tuple(param.shape)} that is not one of {model}'s parameters")
+            params.append(run)
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+    accepted = inspect.signature(type(optimizer)).parameters
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    try:
+        copy = type(optimizer)(groups, **defaults)
+    except TypeError as error:
+        raise ProfileError(f"cannot make a copy of {type(optimizer).__name__} for the run: {error}") from error
+    for param, state in optimizer.state.items():
+        run = run_tensors.get(id(param))
+        if run is not None:
+            copy.state[run] = {k: copy_state(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    return copy
+
+
+def _copy_state(t: torch.Tensor, fake_mode: FakeTensorMode | None, target: torch.device) -> torch.Tensor:
+    if fake_mode is None:  # CPU step counters stay on the CPU, as optimizers keep them
+        return t.detach().to(t.device if t.dim() == 0 and t.device.type == "cpu" else target, copy=True)
+    return to_fake(t, fake_mode, target)
+
+
+def to_fake(t: torch.Tensor, fake_mode: FakeTensorMode, target: torch.device) -> torch.Tensor:
+    """``t`` as a fake tensor of ``fake_mode`` claiming ``target`` (meta tensors) or its own device."""
+    if isinstance(t, FakeTensor):
+        return t.detach()
+    if t.device.type == "meta":
+        return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t.detach(), target)
+    return fake_mode.from_tensor(t.detach())

@@ -1,0 +1,248 @@
+"""The memory meter: storage lifetimes, by category, over the run.
+
+Every tensor an op produces is followed by its storage (views share one), from the
+op that allocated it until the storage is freed (a finalizer on the storage, which
+PyTorch keeps one Python object for). Each storage belongs to one category; the
+meter keeps the bytes of every category after each op, so the peak it reports is a
+true peak over time, with its breakdown at that moment, not a sum of maxima.
+
+Categories: parameters, buffers and inputs (resident from the start); gradients (what
+``AccumulateGrad`` stores in ``.grad``); activations (saved for the backward pass, seen
+by a saved-tensors hook); optimizer state; temporaries (everything else the run
+allocates). A storage moves from temporaries to activations or gradients when it
+becomes one; parameters, buffers, inputs and optimizer state never change category.
+
+On fake tensors the same storages exist, without memory behind them, so analytic runs
+give the figures of real ones. For CUDA targets each allocation is rounded up to the
+caching allocator's 512-byte blocks, and the figure is allocated bytes; the allocator's
+reserved segments and the cuBLAS workspace are estimated apart (:mod:`.cuda_estimates`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Phase, Profile
+from ..cuda_estimates import CUBLAS_OPS, cublas_workspace_bytes, reserved_bytes
+from ..fake import RunTensors
+from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
+from . import Meter, Op
+
+CATEGORIES = MEMORY_CATEGORIES
+# the meter keeps its totals in a list, indexed by category
+PARAMETERS, BUFFERS, INPUTS, GRADIENTS, ACTIVATIONS, TEMPORARIES, OPTIMIZER_STATE = range(len(CATEGORIES))
+_STICKY = frozenset({PARAMETERS, BUFFERS, INPUTS, OPTIMIZER_STATE})
+CUDA_BLOCK = 512
+
+
+class MemoryMeter(Meter):
+    """Bytes per category after each op; the peak and where it fell.
+
+    ``round_to`` is the allocation granularity: by default 512 bytes for a CUDA target
+    (the caching allocator's blocks) and 1 otherwise, decided when the run starts.
+    """
+
+    def __init__(self, round_to: int | None = None) -> None:
+        self._init(round_to or 1)
+        self._round_to_given = round_to is not None
+
+    def _init(self, round_to: int) -> None:
+        self.round_to = round_to
+        self.live: dict[int, list[int]] = {}  # storage address -> [bytes, category]
+        self.totals = [0] * len(CATEGORIES)
+        self.category_max = [0] * len(CATEGORIES)
+        self.peak = 0
+        self.peak_breakdown = [0] * len(CATEGORIES)
+        self.peak_where: tuple[Phase, StackKey] = ("forward", ())
+        self.timeline: list[tuple[Phase, tuple[int, ...]]] = []
+        self.module_activations: dict[str, int] = {}
+        self.module_peaks: dict[tuple[str, bool], int] = {}  # (path, in backward) -> most bytes in use
+        self.allocated = 0  # bytes of new storages so far: the difference across an op is what it allocated
+        self.parameters: list[tuple[str, int, int]] = []  # (name, weight bytes, gradient bytes)
+        self.op_bytes: dict[tuple[Phase, StackKey, str], list[int]] = {}  # (phase, stack, op) -> [calls, bytes allocated]
+        self._run: RunTensors | None = None
+        self._target: torch.device | None = None
+        self._finalizers: list[weakref.finalize[Any, Any]] = []
+        self._open = True
+        # for CUDA targets, every allocation (address, bytes) and free (address, -1) in order,
+        # replayed by the caching-allocator model of the reserved-memory estimate
+        self.events: list[tuple[int, int]] | None = [] if round_to > 1 else None
+
+    # the run's events ----------------------------------------------------------
+
+    def start(self, run: RunTensors, target: torch.device) -> None:
+        if not self._round_to_given and target.type == "cuda":
+            self._init(CUDA_BLOCK)
+        self._run = run
+        self._target = target
+        self.track_all(run.params, PARAMETERS)
+        self.track_all(run.buffers, BUFFERS)
+        self.track_all((run.args, run.kwargs), INPUTS)
+        self.track_all([t.grad for t in run.params.values() if t.grad is not None], GRADIENTS)
+        if run.optimizer is not None:
+            self.track_all(list(run.optimizer.state.values()), OPTIMIZER_STATE)
+
+    def op(self, op: Op) -> None:
+        before = self.allocated
+        if op.node is not None and op.node._sequence_nr() == ACCUMULATE_GRAD_SEQUENCE_NR:
+            self.track_all(op.out, GRADIENTS)  # what AccumulateGrad stores in .grad
+        else:
+            self.track_all(op.out, TEMPORARIES)
+        self.sample(op.phase, op.key)
+        key = (op.phase, op.key, op.name)
+        row = self.op_bytes.get(key)
+        if row is None:
+            self.op_bytes[key] = [1, self.allocated - before]
+        else:
+            row[0] += 1
+            row[1] += self.allocated - before
+
+    def saved(self, tensor: torch.Tensor, key: StackKey) -> None:
+        self.saved_for_backward(tensor, key)
+
+    def region(self, name: str) -> None:
+        # the gradients are complete once the backward pass is over (before the optimizer step,
+        # whose zero_grad may free them); an inference step has none
+        if name in ("optimizer", "end") and not self.parameters and self._run is not None:
+            self.record_parameters(self._run.params)
+
+    def stop(self) -> None:
+        self.close()
+
+    # tensors ---------------------------------------------------------------
+
+    def track(self, tensor: torch.Tensor, category: int) -> int:
+        """Follow ``tensor``'s storage (once), in ``category`` unless it already has a fixed one."""
+        storage = tensor.untyped_storage()
+        address: int = storage._cdata
+        entry = self.live.get(address)
+        if entry is None:
+            size = storage.nbytes()
+            if self.events is not None:
+                self.events.append((address, size))
+            if self.round_to > 1:
+                size = -(-size // self.round_to) * self.round_to
+            self.live[address] = [size, category]
+            self.totals[category] += size
+            self.allocated += size
+            self._finalizers.append(weakref.finalize(storage, self._free, address))
+        elif entry[1] != category and entry[1] not in _STICKY and not (category == ACTIVATIONS and entry[1] == GRADIENTS):
+            self.totals[entry[1]] -= entry[0]
+            self.totals[category] += entry[0]
+            entry[1] = category
+        return address
+
+    def track_all(self, values: Any, category: int) -> None:
+        for value in tree_flatten(values)[0]:
+            if isinstance(value, torch.Tensor):
+                self.track(value, category)
+
+    def saved_for_backward(self, tensor: torch.Tensor, key: StackKey) -> None:
+        """A saved-tensors hook saw ``tensor``: it lives on until the backward pass uses it."""
+        entry = self.live.get(tensor.untyped_storage()._cdata)
+        first_time = entry is None or entry[1] == TEMPORARIES
+        address = self.track(tensor, ACTIVATIONS)
+        if first_time and self.live[address][1] == ACTIVATIONS:
+            for path in key:
+                self.module_activations[path] = self.module_activations.get(path, 0) + self.live[address][0]
+
+    def record_parameters(self, params: dict[str, torch.Tensor]) -> None:
+        """Weight and gradient bytes of each parameter, once the backward pass has made the gradients."""
+        self.parameters = [
+            (name, t.untyped_storage().nbytes(), t.grad.untyped_storage().nbytes() if t.grad is not None else 0)
+            for name, t in params.items()
+        ]
+
+    def _free(self, address: int) -> None:
+        entry = self.live.pop(address, None)
+        if entry is not None and self._open:
+            self.totals[entry[1]] -= entry[0]
+            if self.events is not None:
+                self.events.append((address, -1))
+
+    # time --------------------------------------------------------------------
+
+    def sample(self, phase: Phase, key: StackKey) -> None:
+        """Record the bytes per category after an op, and the peak."""
+        totals = tuple(self.totals)
+        self.timeline.append((phase, totals))
+        total = sum(totals)
+        for index, value in enumerate(totals):
+            if value > self.category_max[index]:
+                self.category_max[index] = value
+        if total > self.peak:
+            self.peak = total
+            self.peak_breakdown = list(totals)
+            self.peak_where = (phase, key)
+        backward = phase in ("backward", "recompute")
+        for path in key:
+            if total > self.module_peaks.get((path, backward), 0):
+                self.module_peaks[(path, backward)] = total
+
+    def close(self) -> None:
+        """Stop following storages: no finalizer outlives the run."""
+        self._open = False
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        self._finalizers.clear()
+
+    # the profile ----------------------------------------------------------------
+
+    def contribute(self, profile: Profile, modules: dict[str, ModuleStats]) -> None:
+        phase, key = self.peak_where
+        profile.memory = MemoryReport(
+            peak_bytes=self.peak,
+            peak_phase=phase,
+            peak_module=key[-1] if key else "",
+            peak_breakdown=dict(zip(CATEGORIES, self.peak_breakdown)),
+            category_max=dict(zip(CATEGORIES, self.category_max)),
+            categories=list(CATEGORIES),
+            timeline=[(phase, list(row)) for phase, row in self.timeline],
+            block_bytes=self.round_to,
+            parameters=self.parameters,
+            estimates=self._cuda_estimates() if self.events is not None else {},
+        )
+        profile.peak_memory_bytes = self.peak
+        if profile.train:  # what the backward pass needs kept: the tensors saved for it
+            profile.peak_activation_bytes = self.category_max[ACTIVATIONS]
+        else:  # nothing is kept for a backward pass: the intermediate tensors alive at once
+            profile.peak_activation_bytes = max((row[ACTIVATIONS] + row[TEMPORARIES] for _, row in self.timeline), default=0)
+        for path, stats in modules.items():
+            stats.activation_bytes = self.module_activations.get(path, 0)
+            stats.forward_peak_bytes = self.module_peaks.get((path, False), 0)
+            stats.backward_peak_bytes = self.module_peaks.get((path, True), 0)
+        self._add_op_bytes(profile)
+
+    def _add_op_bytes(self, profile: Profile) -> None:
+        """The bytes each operator allocated, on the operator table: on the rows the FLOP meter
+        made where it ran (an op it could not count stays out of the table), else on rows of its own."""
+        rows = {(row.op, row.phase): row for row in profile.ops}
+        for (phase, key, name), (calls, allocated) in self.op_bytes.items():
+            row = rows.get((name, phase))
+            if row is None:
+                if profile.flops_counted:
+                    continue
+                row = rows[(name, phase)] = OpStats(name, phase)
+                profile.ops.append(row)
+            if not profile.flops_counted:
+                row.calls += calls
+                if key:
+                    row.modules.append(key[-1])
+            row.allocated_bytes += allocated
+
+    def _cuda_estimates(self) -> dict[str, int | None]:
+        """What a CUDA process holds beyond the allocated bytes, estimated (see :mod:`..cuda_estimates`)."""
+        sm90 = False
+        if torch.cuda.is_available() and self._target is not None:
+            major, minor = torch.cuda.get_device_capability(self._target)
+            sm90 = (major, minor) == (9, 0)
+        ran = {name for _, _, name in self.op_bytes}
+        workspace = cublas_workspace_bytes(sm90) if ran & CUBLAS_OPS else 0
+        events = self.events or []
+        # the workspace comes from the allocator at the first matrix product: replayed first
+        reserved = reserved_bytes(([(-1, workspace)] if workspace else []) + events)
+        return {"reserved_bytes": reserved, "cublas_workspace_bytes": workspace, "cudnn_workspace_bytes": None, "cuda_context_bytes": None}

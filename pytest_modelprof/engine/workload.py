@@ -1,0 +1,296 @@
+"""The workload: what one profiled step is, validated once, and the one method that runs it.
+
+A :class:`Workload` is built from :func:`~pytest_modelprof.profile`'s arguments
+(:meth:`Workload.build`, which checks them all before anything runs). Its
+:meth:`~Workload.prepared` run holds the tensors one run works on; :meth:`Run.step`
+runs one step: the forward pass, and for training the loss, the backward pass and the
+optimizer step. The meters' pass and the clock's repeats run that same method.
+
+The caller's model is never modified: parameters and buffers are swapped in for the
+run with :func:`torch.func.functional_call` (detached views of the caller's tensors,
+clones of buffers where a training step would update them), the train/eval flags and
+the RNG state are restored, and inputs are copied before the model sees them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten
+
+from .errors import ProfileError
+from .fake import RunTensors, choose_mode, run_tensors, tensors_in
+from .modules import ModuleTracker
+
+DEVICE_KINDS = ("cpu", "cuda", "meta")  # what device= accepts ("meta": analytic)
+
+
+def device_kind(device: str) -> str | None:
+    """The kind of device a ``device=`` string names (``"cuda:1"`` -> ``"cuda"``); None if torch cannot parse it."""
+    try:
+        return torch.device(device).type
+    except (RuntimeError, ValueError):
+        return None
+
+
+@dataclass
+class Workload:
+    """One step of a model: inference (a forward pass) or a training step."""
+
+    model: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    train: bool
+    loss_fn: Callable[[Any], torch.Tensor] | None
+    optimizer: torch.optim.Optimizer | None
+    no_grad: bool  # inference: under torch.no_grad() (False: what autograd saves is kept)
+    set_to_none: bool  # the step's zero_grad frees the gradients (False: zeroes them in place)
+    autocast: torch.dtype | None
+    target: torch.device  # the device the step runs on (or that its fake tensors claim)
+    fake_mode: FakeTensorMode | None  # set: an analytic run on fake tensors
+    named_params: dict[str, torch.Tensor] = field(repr=False)
+    named_buffers: dict[str, torch.Tensor] = field(repr=False)
+    named_modules: list[tuple[str, nn.Module]] = field(repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        model: nn.Module,
+        inputs: Any = (),
+        *,
+        train: bool = False,
+        loss_fn: Any = None,
+        device: str | torch.device | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        no_grad: bool = True,
+        set_to_none: bool = True,
+        autocast: torch.dtype | None = None,
+    ) -> Workload:
+        """The workload of :func:`~pytest_modelprof.profile`'s arguments (see there), checked."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
+        args, kwargs = split_inputs(inputs)
+        if loss_fn is not None and not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+        if not set_to_none and not train:
+            raise ProfileError("set_to_none=False describes the gradients of a training step: pass train=True")
+        if optimizer is not None:
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            if not train:
+                raise ProfileError("an optimizer step needs a backward pass: pass train=True with optimizer=")
+        named_params: dict[str, torch.Tensor] = dict(model.named_parameters())
+        named_buffers = dict(model.named_buffers())
+        tensors = [*named_params.values(), *named_buffers.values(), *tensors_in((args, kwargs))]
+        fake_mode, target = choose_mode(type(model).__name__, tensors, torch.device(device) if device is not None else None)
+        return cls(
+            model,
+            args,
+            kwargs,
+            train,
+            loss_fn,
+            optimizer,
+            no_grad,
+            set_to_none,
+            autocast,
+            target,
+            fake_mode,
+            named_params,
+            named_buffers,
+            list(model.named_modules(remove_duplicate=False)),
+        )
+
+    @property
+    def analytic(self) -> bool:
+        return self.fake_mode is not None
+
+    @contextlib.contextmanager
+    def prepared(self) -> Iterator[Run]:
+        """The workload ready to step, on tensors of its own (see :class:`Run`); undone on exit."""
+        tensors = run_tensors(
+            self.named_params,
+            self.named_buffers,
+            (self.args, self.kwargs),
+            self.optimizer,
+            self.fake_mode,
+            self.target,
+            self.train,
+            type(self.model).__name__,
+        )
+        flags = {module: module.training for _, module in self.named_modules}
+        with contextlib.ExitStack() as stack:
+            if self.fake_mode is None:
+                cuda = [self.target] if self.target.type == "cuda" else []
+                stack.enter_context(torch.random.fork_rng(devices=cuda, device_type=self.target.type))
+            else:
+                stack.enter_context(self.fake_mode)
+            if tensors.optimizer is not None:
+                _create_state(tensors.optimizer)
+            if not self.set_to_none:  # gradients zeroed in place are resident from the start, as in later steps
+                with torch.no_grad():
+                    for tensor in tensors.params.values():
+                        if tensor.requires_grad:
+                            tensor.grad = torch.zeros_like(tensor)
+            stack.enter_context(_restore_training_flags(flags))
+            if any(flag is not self.train for flag in flags.values()):
+                self.model.train(self.train)
+            yield Run(self, tensors)
+
+
+class Run:
+    """A workload prepared for stepping: ``tensors`` are those the model uses in this run."""
+
+    def __init__(self, workload: Workload, tensors: RunTensors) -> None:
+        self.workload = workload
+        self.tensors = tensors
+        # A real inference run on the model's own device needs no swapped tensors: nothing
+        # receives a gradient and eval mode updates no buffer. Every other run uses the
+        # prepared tensors (moved, fake, or safe to backpropagate into).
+        in_place = (
+            workload.fake_mode is None
+            and not workload.train
+            and all(t.device == workload.target for t in (*workload.named_params.values(), *workload.named_buffers.values()))
+        )
+        self._state = None if in_place else {**tensors.params, **tensors.buffers}
+        self._trainable = [t for t in tensors.params.values() if t.requires_grad]
+
+    def _autocast(self) -> Any:
+        dtype = self.workload.autocast
+        return torch.autocast(self.workload.target.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    def _forward(self) -> Any:
+        model, args, kwargs = self.workload.model, self.tensors.args, self.tensors.kwargs
+        if self._state is None:
+            return model(*args, **kwargs)
+        return torch.func.functional_call(model, self._state, args, kwargs, tie_weights=True, strict=False)
+
+    def step(self, region: Callable[[str], None] | None = None, tracker: ModuleTracker | None = None) -> Any:
+        """Run one step; its output. ``region`` hears the step move on (``"loss"``, ``"optimizer"``,
+        ``"end"``); ``tracker`` names the module an error came from."""
+        workload = self.workload
+        model = workload.model
+        try:
+            with torch.set_grad_enabled(workload.train or not workload.no_grad), self._autocast():
+                output = self._forward()
+        except ProfileError:
+            raise
+        except Exception as error:
+            raise _model_error(model, tracker, error) from error
+        if workload.train:
+            self._backward(output, region)
+        if region is not None:
+            region("end")
+        if workload.train and self.tensors.optimizer is None:
+            for tensor in self._trainable:  # the next step starts without gradients, as after zero_grad()
+                tensor.grad = None
+        return output
+
+    def _backward(self, output: Any, region: Callable[[str], None] | None) -> None:
+        workload = self.workload
+        if region is not None:
+            region("loss")
+        try:
+            with self._autocast():
+                loss = workload.loss_fn(output) if workload.loss_fn is not None else sum_of_outputs(output)
+        except ProfileError:
+            raise
+        except Exception as error:
+            raise ProfileError(f"the loss function raised {type(error).__name__}: {error}") from error
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ProfileError(f"the loss must be a scalar tensor, got {shape}")
+        if not loss.requires_grad:
+            raise ProfileError("the loss does not depend on any parameter that requires grad: nothing to backpropagate")
+        try:
+            loss.backward()  # type: ignore[no-untyped-call]
+        except ProfileError:
+            raise
+        except Exception as error:
+            raise ProfileError(f"the backward pass of {type(workload.model).__name__} raised {type(error).__name__}: {error}") from error
+        optimizer = self.tensors.optimizer
+        if optimizer is None:
+            return
+        if region is not None:
+            region("optimizer")
+        try:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=workload.set_to_none)
+        except ProfileError:
+            raise
+        except Exception as error:
+            raise ProfileError(f"the step of {type(optimizer).__name__} raised {type(error).__name__}: {error}") from error
+
+
+def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A tensor, a tuple (or list) of positional inputs, a dict of keyword inputs, or ``(args, kwargs)``."""
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, dict):
+        _check_keywords(inputs)
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        if len(inputs) == 2 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[1], dict):
+            _check_keywords(inputs[1])
+            return tuple(inputs[0]), dict(inputs[1])
+        return tuple(inputs), {}
+    raise TypeError(
+        "inputs must be a tensor, a tuple of positional inputs, a dict of keyword inputs "
+        f"or a pair (args, kwargs); got {type(inputs).__name__}"
+    )
+
+
+def _check_keywords(kwargs: dict[Any, Any]) -> None:
+    bad = [k for k in kwargs if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"keyword inputs need string keys, got {bad[0]!r}")
+
+
+def sum_of_outputs(output: Any) -> torch.Tensor:
+    """The default loss: the sum of every floating-point (or complex: its real part) tensor in the output."""
+    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+    if not tensors:
+        raise ProfileError("the model's output holds no floating-point tensor to sum into a loss; pass loss_fn")
+    loss = tensors[0].sum()
+    for t in tensors[1:]:
+        loss = loss + t.sum()
+    return loss.real if loss.is_complex() else loss
+
+
+def _create_state(optimizer: torch.optim.Optimizer) -> None:
+    """Make an optimizer that creates its state lazily hold it, as it does from its second
+    step on: one step on zero gradients, before the run and unmetered."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if all(optimizer.state.get(p) for p in params):
+        return
+    with torch.no_grad():
+        for param in params:
+            param.grad = torch.zeros_like(param)
+        optimizer.step()
+        for param in params:
+            param.grad = None
+
+
+def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Exception) -> ProfileError:
+    where = tracker.innermost() if tracker is not None else None
+    if where is None:
+        place = f"{type(model).__name__} (the model itself)"
+    else:
+        path, module = where
+        place = f"module {path or '<root>'!r} ({type(module).__name__})"
+    return ProfileError(f"{place} raised {type(error).__name__}: {error}")
+
+
+@contextlib.contextmanager
+def _restore_training_flags(flags: dict[nn.Module, bool]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for module, training in flags.items():
+            if module.training is not training:  # Module.__setattr__ is slow on deep models
+                module.training = training
