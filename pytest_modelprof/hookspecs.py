@@ -19,6 +19,9 @@ def pytest_modelprof_flop_formulas() -> dict[Any, Any] | None:
     Each ``op`` is an operator such as ``torch.ops.mylib.fused_gelu``; each formula is
     called as ``formula(*args, out_val=output, **kwargs)`` and returns FLOPs (an
     ``int``), ``OpCost(flops, macs)``, or ``None`` when a call cannot be counted (see
-    :func:`pytest_modelprof.register_flop_formula`). The formulas are registered when
-    the session starts and removed when it ends.
+    :func:`pytest_modelprof.register_flop_formula`). They count the profiles that the
+    ``model_profile`` fixture makes in the tests this hook is visible to: a hook in a
+    ``conftest.py`` counts for the tests of its directory and below (the closest
+    ``conftest.py`` wins an op), one in a plugin for every test. Nothing is registered
+    for the process, so one directory's formulas never change another's figures.
     """

@@ -18,17 +18,30 @@ import torch
 from . import ci, hookspecs
 from .budgets import BudgetError, Verdict, load_budgets
 from .budgets.load import shown_path
-from .engine import LatencyWarning, Profile, Timing, profile, register_flop_formula, unregister_flop_formula
+from .engine import LatencyWarning, Profile, Timing, profile
 from .engine.workload import DEVICE_KINDS, device_kind
+from .metrics import TIMED
 from .report.summary import format_markdown, format_table, summary_row
 from .report.tables import format_tree_table
 from .report.text import format_header
 from .session import ModelprofSession, ProfileNameError
 
 STATE = pytest.StashKey[ModelprofSession]()
-_FORMULAS = pytest.StashKey[list[Any]]()
 DEFAULT_BUDGETS = "budgets"
-PROFILE_OPTIONS = ("train", "loss_fn", "device", "optimizer", "memory", "no_grad", "set_to_none", "autocast", "latency")
+PROFILE_OPTIONS = (
+    "train",
+    "loss_fn",
+    "device",
+    "optimizer",
+    "memory",
+    "no_grad",
+    "set_to_none",
+    "autocast",
+    "latency",
+    "flops",
+    "formulas",
+    "meters",
+)
 LATENCY_MODES = ("auto", "all", "none")
 
 # (name, kind, help): each is --modelprof-<name> on the command line and modelprof_<name> in the ini file
@@ -130,15 +143,6 @@ def _check_json_directory(value: str | None, base: Path) -> None:
         raise pytest.UsageError(f"--modelprof-json {value}: {existing} is not writable")
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    registered: list[Any] = []
-    for formulas in session.config.hook.pytest_modelprof_flop_formulas():
-        for op, formula in (formulas or {}).items():
-            register_flop_formula(op, formula)
-            registered.append(op)
-    session.config.stash[_FORMULAS] = registered
-
-
 class ModelProfiler:
     """What the ``model_profile`` fixture returns: call it to profile a model."""
 
@@ -150,8 +154,10 @@ class ModelProfiler:
         latency: str = "auto",
         timing: Timing | None = None,
         full_trace: bool = False,
+        formulas: dict[Any, Any] | None = None,
     ) -> None:
         self._full_trace = full_trace
+        self._formulas = formulas or {}
         self._state = state
         self._nodeid = nodeid
         self._defaults = defaults
@@ -172,7 +178,9 @@ class ModelProfiler:
         __tracebackhide__ = True
         _check_options(options)
         name = self._name(name)
-        options = {**self._defaults, **options}
+        # FLOP formulas: the hooks' (conftest files' and plugins'), the marker's, the call's; the last wins an op
+        formulas = {**self._formulas, **(self._defaults.get("formulas") or {}), **(options.get("formulas") or {})}
+        options = {**self._defaults, **options, "formulas": formulas}
         options["latency"] = self._timed(name, options)
         try:
             with warnings.catch_warnings():
@@ -220,7 +228,7 @@ class ModelProfiler:
         if self._latency == "all":
             return self._timing
         budget = self._state.budgets.profiles.get(name)
-        return self._timing if budget is not None and budget.mentions("latency_ms") else False
+        return self._timing if budget is not None and any(budget.mentions(key) for key in TIMED) else False
 
 
 _INTERNAL = tuple(str(Path(module.__file__ or "").parent) + os.sep for module in (torch, sys.modules[__package__]))
@@ -252,6 +260,15 @@ def _check_options(options: dict[str, Any]) -> None:
         raise TypeError(f"unknown model_profile option {unknown[0]!r}; expected name= or one of: {', '.join(PROFILE_OPTIONS)}")
 
 
+def _hooked_formulas(item: pytest.Item) -> dict[Any, Any]:
+    """The FLOP formulas of the ``pytest_modelprof_flop_formulas`` hooks that ``item`` sees (plugins,
+    and the conftest files of its directory and above; the closest one wins an op)."""
+    formulas: dict[Any, Any] = {}
+    for contributed in reversed(item.ihook.pytest_modelprof_flop_formulas()):  # pluggy calls the closest first
+        formulas.update(contributed or {})
+    return formulas
+
+
 @pytest.fixture
 def model_profile(request: pytest.FixtureRequest) -> ModelProfiler:
     """Profile models in a test and hold each profile against its budget.
@@ -279,6 +296,7 @@ def model_profile(request: pytest.FixtureRequest) -> ModelProfiler:
         option(request.config, "latency") or "auto",
         timing,
         full_trace=bool(request.config.option.fulltrace) or request.config.option.tbstyle == "native",
+        formulas=_hooked_formulas(request.node),
     )
 
 
@@ -319,8 +337,6 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    for op in config.stash.get(_FORMULAS, []):
-        unregister_flop_formula(op)
     state = config.stash[STATE]
     if session.shouldfail or session.shouldstop or exitstatus == pytest.ExitCode.INTERRUPTED:
         state.coverage.complete = False

@@ -12,6 +12,7 @@ from typing import Any
 
 from .budgets import NEW, REGRESSED, STALE, UNCHANGED, UPDATED, BudgetError, Budgets, Finding, Verdict, check, update_files
 from .budgets.load import shown_path
+from .metrics import LIMITED
 from .results import Profile
 
 SCHEMA_VERSION = 1
@@ -176,9 +177,10 @@ class ModelprofSession:
             return
         self.written = update.written
         for record in self.records.values():
-            latency = record.profile.latency
-            if latency is not None and latency.disturbance:
-                record.verdict.notes.append(f"latency_ms: not recorded as a baseline (any recorded one is kept): {latency.disturbance}")
+            for metric in LIMITED.values():
+                disturbance = metric.disturbance(record.profile)
+                if disturbance and metric.measure(record.profile) is not None:
+                    record.verdict.notes.append(f"{metric.key}: not recorded as a baseline (any recorded one is kept): {disturbance}")
             if record.verdict.status != REGRESSED:
                 record.verdict.status = UPDATED if record.name in update.changed else UNCHANGED
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from models import TinyTransformer
 from pytest_modelprof import MemoryGrowthWarning, MemoryMonitor
+from pytest_modelprof.report import plot_monitor
 
 BATCH = 8
 
@@ -167,7 +168,7 @@ def test_the_plot(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with MemoryMonitor(model, optimizer) as monitor:
         train(model, monitor, optimizer, vectors, epochs=2, steps=2)
-    path = monitor.plot(tmp_path / "memory.png")
+    path = plot_monitor(monitor, tmp_path / "memory.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -1,12 +1,16 @@
 """The results and the budget and report code read plain data: no torch needed to load them."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
+
+from pytest_modelprof.metrics import LIMITED
 
 
 def test_budgets_reports_and_results_import_no_torch():
     code = (
-        "import sys, pytest_modelprof, pytest_modelprof.budgets, pytest_modelprof.report, pytest_modelprof.results; "
+        "import sys, pytest_modelprof, pytest_modelprof.budgets, pytest_modelprof.report, pytest_modelprof.results, pytest_modelprof.metrics; "
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -18,3 +22,9 @@ def test_the_engine_loads_on_first_use_of_its_names():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "2.0"
+
+
+def test_the_schema_names_the_metrics_of_the_table():
+    schema = json.loads((Path(__file__).parents[1] / "pytest_modelprof" / "schema" / "profile.schema.json").read_text())
+    finding = next(d for d in schema["$defs"].values() if "metric" in d.get("properties", {}))
+    assert finding["properties"]["metric"]["enum"] == list(LIMITED)

@@ -3,9 +3,9 @@
 Knows nothing of pytest, and of torch only the :class:`~pytest_modelprof.Profile`.
 """
 
+from ..metrics import METRICS, Metric, Tolerance
 from .check import IMPROVED, INCONCLUSIVE, NEW, OK, REGRESSED, STALE, UNCHANGED, UPDATED, Finding, Verdict, check
 from .load import BudgetError, Budgets, ProfileBudget, load_budgets
-from .metrics import METRICS, Metric, Tolerance
 from .write import Update, update_files
 
 __all__ = [

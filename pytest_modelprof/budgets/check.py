@@ -26,9 +26,9 @@ from pathlib import Path
 
 from .. import stats
 from .._format import plain
+from ..metrics import CONFIDENCE, LIMITED, METRICS, Metric, device_kind
 from ..results import Profile
 from .load import ProfileBudget
-from .metrics import CONFIDENCE, LIMITED, METRICS, Metric, device_kind
 
 OK, REGRESSED, IMPROVED, NEW, UPDATED, STALE = "ok", "regressed", "improved", "new", "updated", "stale"
 INCONCLUSIVE = "inconclusive"  # a sampled figure (latency) the run could not hold against its limit, with the reason
@@ -132,11 +132,11 @@ def _ceilings(metric: Metric, measured: float, profile: Profile, budget: Profile
         limit = budget.ceilings.get(metric.key)
     if limit is None:
         return []
-    interval = _interval(metric, profile)
+    interval = metric.interval(profile, CONFIDENCE)
     low, high = interval if interval is not None else (measured, measured)
     status, reason = OK, ""
     if high > limit:
-        disturbance = _disturbance(metric, profile)
+        disturbance = metric.disturbance(profile)
         if disturbance:
             status, reason = INCONCLUSIVE, f"over the ceiling while {disturbance}"
         elif low > limit:
@@ -156,22 +156,25 @@ def _baselines(metric: Metric, measured: float, profile: Profile, budget: Profil
         key = f"baseline.{metric.key}"
     if baseline is None:
         return []
-    interval = _interval(metric, profile)
+    interval = metric.interval(profile, CONFIDENCE)
     note = ""
-    if interval is not None and profile.latency is not None and profile.machine:
-        reference = budget.machine_baselines.get("calibration_ms", {}).get(profile.machine)
-        ratios = profile.latency.ratio_interval(CONFIDENCE)
+    timing = metric.timing(profile) if metric.timing is not None else None
+    if interval is not None and timing is not None and metric.reference is not None and profile.machine:
+        # brought to the baseline's machine speed: the repeats' ratios to the reference workload timed
+        # beside them, times the reference's time recorded with the baseline
+        reference = budget.machine_baselines.get(metric.reference, {}).get(profile.machine)
+        ratios = timing.ratio_interval(CONFIDENCE)
         if reference is not None and ratios is not None:
             raw = measured
-            measured = metric.rounded(stats.median(profile.latency.ratios) * reference)
+            measured = metric.rounded(stats.median(timing.ratios) * reference)
             interval = (ratios[0] * reference, ratios[1] * reference)
-            speed = (profile.latency.calibration_seconds or 0) / metric.scale / reference
+            speed = (timing.calibration_seconds or 0) / METRICS[metric.reference].scale / reference
             note = f"; at the baseline's machine speed: raw {metric.format(raw)}, calibration x{speed:.3f}"
     low, high = interval if interval is not None else (measured, measured)
     tolerance = budget.tolerance(metric.key)
     allowed = tolerance.allowed(baseline)
     floor = 2 * baseline - allowed  # as far below the baseline as the tolerance reaches above it
-    disturbance = _disturbance(metric, profile)
+    disturbance = metric.disturbance(profile)
     verdict = ""
     if disturbance:
         status, verdict = INCONCLUSIVE, f"not compared with the baseline: {disturbance}"
@@ -186,21 +189,6 @@ def _baselines(metric: Metric, measured: float, profile: Profile, budget: Profil
     line = budget.line_of(f"baseline.{metric.key}")
     allowed = metric.rounded(allowed)
     return [Finding(metric.key, key, measured, baseline, allowed, budget.shown, line, status, tolerance.text, interval, note, verdict)]
-
-
-def _interval(metric: Metric, profile: Profile) -> tuple[float, float] | None:
-    """The confidence interval of a sampled figure (latency), in the metric's unit; None for exact ones."""
-    if metric.key != "latency_ms" or profile.latency is None:
-        return None
-    low, high = profile.latency.interval(CONFIDENCE)
-    return low / metric.scale, high / metric.scale
-
-
-def _disturbance(metric: Metric, profile: Profile) -> str | None:
-    """Why a sampled figure cannot be held against a limit this run (None: it can)."""
-    if not metric.per_device or profile.latency is None:
-        return None
-    return profile.latency.disturbance
 
 
 def _straddle(metric: Metric, interval: tuple[float, float] | None, limit: float) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Any
 
 import tomlkit
 
-from .metrics import LIMITED, METRICS, Tolerance, is_finite_number
+from ..metrics import LIMITED, METRICS, Tolerance
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -329,3 +330,12 @@ def _parsed_path(line: str) -> tuple[str, ...] | None:
         key, node = next(iter(node.items()))
         path.append(key)
     return tuple(path) if path else None
+
+
+def is_finite_number(value: object) -> bool:
+    """A TOML integer or float that a float can hold: not a bool, not inf or nan, not 1e400 written as an integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= sys.float_info.max
+    return math.isfinite(value)

@@ -15,9 +15,9 @@ import tomlkit
 from tomlkit.items import Float, Table, Trivia
 
 from .._files import replace_atomically
+from ..metrics import METRICS
 from ..results import Profile
 from .load import BudgetError, Budgets
-from .metrics import METRICS
 
 
 def baseline_values(profile: Profile) -> dict[str, Any]:
@@ -27,14 +27,13 @@ def baseline_values(profile: Profile) -> dict[str, Any]:
     would make a baseline that the same machine, idle, then beats by far.
     """
     values: dict[str, Any] = {}
-    disturbed = profile.latency is not None and profile.latency.disturbance is not None
     for metric in METRICS.values():
         measured = metric.measure(profile)
         if measured is None:
             continue
         value: float | int = measured if metric.digits else int(measured)
         if metric.per_device:
-            if profile.machine and not disturbed:
+            if profile.machine and not metric.disturbance(profile):
                 values[metric.key] = {profile.machine: value}
         else:
             values[metric.key] = value

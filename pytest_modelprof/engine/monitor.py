@@ -406,12 +406,6 @@ class MemoryMonitor:
             parts.append(f"{label} " + ", ".join(f"{n} {_mb(w)} (grad {_mb(g)})" for n, w, g in shown))
         return f"[memory] epoch {row.epoch} iteration {row.iteration}: " + "; ".join(parts)
 
-    def plot(self, path: str | os.PathLike[str]) -> Path:
-        """Memory by category over the recorded iterations, as a PNG (needs matplotlib)."""
-        from ..report.plots import plot_monitor
-
-        return plot_monitor(self, Path(path))
-
 
 def _bytes(tensors: Any) -> int:
     """Bytes of the distinct storages behind ``tensors``."""

@@ -1,6 +1,7 @@
 """Reports: where raw numbers from the engine get units and layout."""
 
 from .export import write_modules_csv, write_ops_csv
+from .plots import plot_monitor
 from .tables import (
     format_memory_report,
     format_model_graph,
@@ -21,6 +22,7 @@ __all__ = [
     "format_profile",
     "format_top",
     "format_tree_table",
+    "plot_monitor",
     "top_module_types",
     "write_modules_csv",
     "write_ops_csv",

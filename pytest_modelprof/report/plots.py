@@ -81,7 +81,8 @@ def plot_memory_timeline(profile: Profile, path: str | Path) -> None:
 
 
 def plot_monitor(monitor: Any, path: str | Path) -> Path:
-    """A :class:`~pytest_modelprof.MemoryMonitor`'s categories over the recorded iterations, epochs marked."""
+    """A :class:`~pytest_modelprof.MemoryMonitor`'s categories over the recorded iterations, epochs marked,
+    as a PNG at ``path`` (needs matplotlib)."""
     rows = monitor.rows
     if not rows:
         raise ValueError("the monitor recorded no iteration")

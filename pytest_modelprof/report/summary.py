@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .._format import plain
-from ..budgets import METRICS, Verdict
+from ..budgets import Verdict
+from ..metrics import METRICS
 from ..results import Profile
+
+# the figure columns: the metrics that have one, in the table's order
+COLUMNS = [metric for metric in METRICS.values() if metric.column]
 
 
 @dataclass
 class SummaryRow:
     name: str
     status: str
-    gflops: str = ""
-    params: str = ""
-    peak_mb: str = ""
-    latency_ms: str = ""
+    figures: dict[str, str] = field(default_factory=dict)  # metric key -> cell, in the metric's unit
     change: str = ""
 
 
@@ -25,23 +25,20 @@ def summary_row(verdict: Verdict, profile: Profile | None, baseline_gflops: floa
     row = SummaryRow(verdict.name, verdict.status)
     if profile is None:
         return row
+    for metric in COLUMNS:
+        value = metric.measure(profile)
+        row.figures[metric.key] = metric.cell(value) if value is not None else ""
     gflops = METRICS["gflops"].measure(profile)
-    row.gflops = plain(gflops) if gflops is not None else ""
-    row.params = f"{profile.params:,}"
-    peak = METRICS["peak_memory_mb"].measure(profile)
-    row.peak_mb = plain(peak) if peak is not None else ""
-    latency = METRICS["latency_ms"].measure(profile)
-    row.latency_ms = plain(latency, 3) if latency is not None else ""
     if baseline_gflops and gflops is not None:
         row.change = f"{(gflops - baseline_gflops) / baseline_gflops:+.2%}"
     return row
 
 
-HEADERS = ("profile", "GFLOPs", "params", "peak MB", "latency ms", "vs baseline", "status")
+HEADERS = ("profile", *(metric.column for metric in COLUMNS), "vs baseline", "status")
 
 
 def _cells(row: SummaryRow) -> tuple[str, ...]:
-    return (row.name, row.gflops, row.params, row.peak_mb, row.latency_ms, row.change, row.status)
+    return (row.name, *(row.figures.get(metric.key, "") for metric in COLUMNS), row.change, row.status)
 
 
 def _columns(rows: list[SummaryRow]) -> list[tuple[str, ...]]:

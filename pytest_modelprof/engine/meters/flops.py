@@ -70,7 +70,7 @@ class FormulaTable:
     def __init__(self, formulas: Mapping[Any, Formula] | None = None) -> None:
         own = {}
         for op, formula in (formulas or {}).items():
-            _check(op, formula, "register_flop_formula")
+            _check(op, formula, "formulas=")
             own[_packet(op)] = formula
         self._user = {**_REGISTERED, **own}
 

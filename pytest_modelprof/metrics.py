@@ -1,4 +1,8 @@
-"""The metrics a budget can hold, each with its unit in its key name.
+"""The one table of budgetable metrics: what each is called, its unit, how it reads a Profile.
+
+Budgets (ceilings, baselines, tolerances), the budget check, the baselines written by
+``--modelprof-update``, the end-of-session summary and the JSON Schema's list of metric
+names all read :data:`METRICS`; a new metric is a new row here. Each key carries its unit.
 
 Budget files use decimal units: 1 GFLOPs = 10^9 FLOPs, 1 MB = 10^6 bytes,
 1 ms = 10^-3 s. Parameters are a plain count.
@@ -11,14 +15,12 @@ It is a reference, not a limit: it has no ceiling and no tolerance.
 
 from __future__ import annotations
 
-import math
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._format import plain
-from ..results import Profile
+from ._format import plain
+from .results import LatencyReport, Profile
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,28 @@ class Metric:
     scale: float  # raw engine units per budget unit
     digits: int  # significant digits kept in baselines (and in comparisons with them); 0: an exact count
     default_tolerance: Tolerance
-    read: Callable[[Profile], float | None]
-    per_device: bool = False
+    read: Callable[[Profile], float | None]  # the raw figure (FLOPs, bytes, seconds); None: not measured
+    per_device: bool = False  # measured on a machine: ceilings per device kind, baselines per machine
     limited: bool = True  # False: a reference recorded with the baselines, never checked itself
+    column: str = ""  # its column in the end-of-session summary ("": none)
+    column_digits: int = 4  # significant digits shown there
+    # the timed run behind a measured figure: a disturbed one (a shared CPU) is neither judged nor recorded
+    timing: Callable[[Profile], LatencyReport | None] | None = None
+    sampled: bool = False  # a sample's median: compared through its confidence interval (the timing's)
+    reference: str | None = None  # the metric recorded beside its baselines that brings it to their machine's speed
+
+    def interval(self, profile: Profile, confidence: float) -> tuple[float, float] | None:
+        """The confidence interval of a sampled figure, in this metric's unit; None for exact ones."""
+        report = self.timing(profile) if self.sampled and self.timing is not None else None
+        if report is None:
+            return None
+        low, high = report.interval(confidence)
+        return low / self.scale, high / self.scale
+
+    def disturbance(self, profile: Profile) -> str | None:
+        """Why this profile's figure cannot be judged or recorded (a timing on a shared CPU); None: it can."""
+        report = self.timing(profile) if self.timing is not None else None
+        return report.disturbance if report is not None else None
 
     def measure(self, profile: Profile) -> float | None:
         """The profile's figure in this metric's unit, rounded as baselines are; None if not measured."""
@@ -57,7 +78,11 @@ class Metric:
         return float(f"{value:.{self.digits}g}") if self.digits else float(round(value))
 
     def format(self, value: float) -> str:
-        return f"{plain(value, 6)} {self.unit}" if self.digits else f"{value:,.0f} {self.unit}"
+        return f"{self.cell(value, 6)} {self.unit}"
+
+    def cell(self, value: float, digits: int | None = None) -> str:
+        """``value`` (in this metric's unit) without the unit, as a table shows it."""
+        return plain(value, digits or self.column_digits) if self.digits else f"{value:,.0f}"
 
     def parse_tolerance(self, text: str) -> Tolerance:
         """``"2%"``, or an amount in this metric's unit such as ``"0.5 GFLOPs"``; raises ValueError."""
@@ -74,14 +99,31 @@ def _percent(value: float) -> Tolerance:
     return Tolerance(f"{value:g}%", relative=value / 100)
 
 
+def _latency(profile: Profile) -> LatencyReport | None:
+    return profile.latency
+
+
 METRICS: dict[str, Metric] = {
     m.key: m
     for m in (
-        Metric("gflops", "GFLOPs", 1e9, 9, _percent(0), lambda p: p.flops),
-        Metric("params", "params", 1, 0, _percent(0), lambda p: p.params),
+        Metric("gflops", "GFLOPs", 1e9, 9, _percent(0), lambda p: p.flops if p.flops_counted else None, column="GFLOPs"),
+        Metric("params", "params", 1, 0, _percent(0), lambda p: p.params, column="params"),
         Metric("peak_activation_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_activation_bytes),
-        Metric("peak_memory_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_memory_bytes),
-        Metric("latency_ms", "ms", 1e-3, 4, _percent(10), lambda p: p.latency_seconds, per_device=True),
+        Metric("peak_memory_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_memory_bytes, column="peak MB"),
+        Metric(
+            "latency_ms",
+            "ms",
+            1e-3,
+            4,
+            _percent(10),
+            lambda p: p.latency_seconds,
+            per_device=True,
+            column="latency ms",
+            column_digits=3,
+            timing=_latency,
+            sampled=True,
+            reference="calibration_ms",
+        ),
         Metric(
             "calibration_ms",
             "ms",
@@ -91,6 +133,7 @@ METRICS: dict[str, Metric] = {
             lambda p: p.latency.calibration_seconds if p.latency is not None else None,
             per_device=True,
             limited=False,
+            timing=_latency,
         ),
     )
 }
@@ -105,10 +148,4 @@ def device_kind(profile: Profile) -> str:
     return profile.device.partition(":")[0]
 
 
-def is_finite_number(value: object) -> bool:
-    """A TOML integer or float that a float can hold: not a bool, not inf or nan, not 1e400 written as an integer."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    if isinstance(value, int):
-        return abs(value) <= sys.float_info.max
-    return math.isfinite(value)
+TIMED = tuple(key for key, metric in METRICS.items() if metric.timing is not None)  # a budget of these asks for a timed run
