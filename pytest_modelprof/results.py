@@ -62,7 +62,7 @@ class MemoryReport:
     parameters: list[tuple[str, int, int]] = field(default_factory=list)  # (name, weight bytes, gradient bytes)
     # CUDA targets: labelled estimates of what allocated bytes do not show, never added to the
     # peak (reserved_bytes, cublas_workspace_bytes, cudnn_workspace_bytes, cuda_context_bytes;
-    # None: not estimated); see pytest_modelprof.engine.cuda_estimates
+    # None: not estimated); see pytest_modelprof.engine.targets.allocator
     estimates: dict[str, int | None] = field(default_factory=dict)
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pytest_modelprof import profile
-from pytest_modelprof.engine.cuda_estimates import cublas_workspace_bytes, reserved_bytes
+from pytest_modelprof.engine.targets.allocator import cublas_workspace_bytes, reserved_bytes
 from pytest_modelprof.report.tables import format_memory_report
 
 KiB, MiB = 1 << 10, 1 << 20

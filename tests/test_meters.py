@@ -98,4 +98,6 @@ def test_flops_alone_measure_what_they_measure_beside_the_memory_meter():
     assert alone.flops == both.flops == forward + loss + backward
     # (the memory meter's saved-tensors hook moves autograd's detach of a saved tensor from the forward
     # pass to the backward pass: the 0-FLOP rows of data movement can differ, the counted ones cannot)
-    assert [(r.op, r.phase, r.calls, r.flops) for r in alone.ops if r.flops] == [(r.op, r.phase, r.calls, r.flops) for r in both.ops if r.flops]
+    assert [(r.op, r.phase, r.calls, r.flops) for r in alone.ops if r.flops] == [
+        (r.op, r.phase, r.calls, r.flops) for r in both.ops if r.flops
+    ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final, Literal
 
 from .. import stats
 from .._format import plain
@@ -30,9 +31,16 @@ from ..metrics import CONFIDENCE, LIMITED, METRICS, Metric, device_kind
 from ..results import Profile
 from .load import ProfileBudget
 
-OK, REGRESSED, IMPROVED, NEW, UPDATED, STALE = "ok", "regressed", "improved", "new", "updated", "stale"
-INCONCLUSIVE = "inconclusive"  # a sampled figure (latency) the run could not hold against its limit, with the reason
-UNCHANGED = "unchanged"  # --modelprof-update: the entry already held these figures
+Status = Literal["ok", "regressed", "improved", "new", "updated", "unchanged", "stale", "inconclusive"]
+"""A verdict's or a finding's outcome (README: "Statuses")."""
+OK: Final = "ok"
+REGRESSED: Final = "regressed"
+IMPROVED: Final = "improved"
+NEW: Final = "new"  # no budget entry yet
+UPDATED: Final = "updated"  # --modelprof-update wrote new figures
+UNCHANGED: Final = "unchanged"  # --modelprof-update: the entry already held these figures
+STALE: Final = "stale"  # a budget entry no test made
+INCONCLUSIVE: Final = "inconclusive"  # a sampled figure (latency) the run could not hold against its limit, with the reason
 
 
 @dataclass
@@ -46,7 +54,7 @@ class Finding:
     allowed: float  # the most that passes
     path: Path  # the budget file, relative to the root it was loaded under (pytest's rootdir) when inside it
     line: int
-    status: str  # OK, REGRESSED, IMPROVED or INCONCLUSIVE
+    status: Status  # OK, REGRESSED, IMPROVED or INCONCLUSIVE
     tolerance: str | None = None  # for baselines
     interval: tuple[float, float] | None = None  # a confidence interval of a sampled measurement (latency)
     note: str = ""  # how the measurement was brought to the reference (latency vs calibration)
@@ -76,7 +84,7 @@ class Finding:
 @dataclass
 class Verdict:
     name: str
-    status: str
+    status: Status
     findings: list[Finding] = field(default_factory=list)
     path: Path | None = None
     line: int | None = None
@@ -114,6 +122,7 @@ def check(profile: Profile, name: str, budget: ProfileBudget | None, *, baseline
     notes.extend(f"{f.metric}: inconclusive: {f.reason} [{f.path}:{f.line}]" for f in findings if f.status == INCONCLUSIVE)
     if profile.latency is not None:
         notes.extend(f"latency: {warning}" for warning in profile.latency.warnings)
+    status: Status
     if any(f.status == REGRESSED for f in findings):
         status = REGRESSED
     elif any(f.status == INCONCLUSIVE for f in findings):
@@ -134,7 +143,8 @@ def _ceilings(metric: Metric, measured: float, profile: Profile, budget: Profile
         return []
     interval = metric.interval(profile, CONFIDENCE)
     low, high = interval if interval is not None else (measured, measured)
-    status, reason = OK, ""
+    status: Status = OK
+    reason = ""
     if high > limit:
         disturbance = metric.disturbance(profile)
         if disturbance:
@@ -176,6 +186,7 @@ def _baselines(metric: Metric, measured: float, profile: Profile, budget: Profil
     floor = 2 * baseline - allowed  # as far below the baseline as the tolerance reaches above it
     disturbance = metric.disturbance(profile)
     verdict = ""
+    status: Status
     if disturbance:
         status, verdict = INCONCLUSIVE, f"not compared with the baseline: {disturbance}"
     elif low > allowed:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import ProfileError
+
+if TYPE_CHECKING:
+    from .workload import Workload
 
 
 def choose_mode(model_name: str, tensors: list[torch.Tensor], device: torch.device | None) -> tuple[FakeTensorMode | None, torch.device]:
@@ -56,20 +59,12 @@ class RunTensors:
     optimizer: torch.optim.Optimizer | None
 
 
-def run_tensors(
-    named_params: dict[str, torch.Tensor],
-    named_buffers: dict[str, torch.Tensor],
-    inputs: tuple[tuple[Any, ...], dict[str, Any]],
-    optimizer: torch.optim.Optimizer | None,
-    fake_mode: FakeTensorMode | None,
-    target: torch.device,
-    train: bool,
-    model_name: str,
-) -> RunTensors:
-    """Tensors for a run (made outside any fake mode): the caller's tensors never receive
-    gradients or in-place updates."""
+def run_tensors(workload: Workload) -> RunTensors:
+    """Tensors for a run of ``workload`` (made outside any fake mode): real copies on its target,
+    or fake tensors of its fake mode. The caller's tensors never receive gradients or in-place updates."""
+    fake_mode, target, train = workload.fake_mode, workload.target, workload.train
     # an optimizer step writes into the parameters: then the run needs copies of its own
-    copy_params = optimizer is not None
+    copy_params = workload.optimizer is not None
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(target) if fake_mode is None else to_fake(t, fake_mode, target)
@@ -86,13 +81,13 @@ def run_tensors(
             copied.requires_grad_(t.requires_grad)
         return copied
 
-    params = {name: parameter(t) for name, t in named_params.items()}
-    buffers = {name: copy(t) if train else convert(t) for name, t in named_buffers.items()}
-    args, kwargs = tree_map(copy, inputs)
+    params = {name: parameter(t) for name, t in workload.named_params.items()}
+    buffers = {name: copy(t) if train else convert(t) for name, t in workload.named_buffers.items()}
+    args, kwargs = tree_map(copy, (workload.args, workload.kwargs))
     run_optimizer = None
-    if optimizer is not None:
-        by_id = {id(named_params[name]): tensor for name, tensor in params.items()}
-        run_optimizer = _copy_optimizer(optimizer, by_id, lambda t: _copy_state(t, fake_mode, target), model_name)
+    if workload.optimizer is not None:
+        by_id = {id(workload.named_params[name]): tensor for name, tensor in params.items()}
+        run_optimizer = _copy_optimizer(workload.optimizer, by_id, fake_mode, target, type(workload.model).__name__)
     return RunTensors(params, buffers, args, kwargs, run_optimizer)
 
 
@@ -101,7 +96,11 @@ def tensors_in(values: Any) -> list[torch.Tensor]:
 
 
 def _copy_optimizer(
-    optimizer: torch.optim.Optimizer, run_tensors: dict[int, torch.Tensor], copy_state: Any, model: str
+    optimizer: torch.optim.Optimizer,
+    run_tensors: dict[int, torch.Tensor],
+    fake_mode: FakeTensorMode | None,
+    target: torch.device,
+    model: str,
 ) -> torch.optim.Optimizer:
     """The same optimizer (class, groups, hyperparameters, state) over the run's tensors."""
     groups = []
@@ -122,7 +121,7 @@ def _copy_optimizer(
     for param, state in optimizer.state.items():
         run = run_tensors.get(id(param))
         if run is not None:
-            copy.state[run] = {k: copy_state(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+            copy.state[run] = {k: _copy_state(v, fake_mode, target) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
     return copy
 
 

@@ -19,12 +19,13 @@ from ..results import Profile
 from .assemble import assemble, roll_up_containers
 from .dispatch import Dispatcher
 from .errors import ProfileError
+from .layers import layer_times
 from .memo import LeafMemo
 from .meters import Meter
 from .meters.flops import FlopMeter, FormulaTable
 from .meters.memory import MemoryMeter
 from .modules import ModuleTracker
-from .timing import Timing, batch_size_of, layer_times, measure_latency
+from .timing import Timing, batch_size_of, measure_latency
 from .workload import Workload
 
 

@@ -113,16 +113,7 @@ class Workload:
     @contextlib.contextmanager
     def prepared(self) -> Iterator[Run]:
         """The workload ready to step, on tensors of its own (see :class:`Run`); undone on exit."""
-        tensors = run_tensors(
-            self.named_params,
-            self.named_buffers,
-            (self.args, self.kwargs),
-            self.optimizer,
-            self.fake_mode,
-            self.target,
-            self.train,
-            type(self.model).__name__,
-        )
+        tensors = run_tensors(self)
         flags = {module: module.training for _, module in self.named_modules}
         with contextlib.ExitStack() as stack:
             if self.fake_mode is None:

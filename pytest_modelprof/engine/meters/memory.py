@@ -15,7 +15,7 @@ becomes one; parameters, buffers, inputs and optimizer state never change catego
 On fake tensors the same storages exist, without memory behind them, so analytic runs
 give the figures of real ones. For CUDA targets each allocation is rounded up to the
 caching allocator's 512-byte blocks, and the figure is allocated bytes; the allocator's
-reserved segments and the cuBLAS workspace are estimated apart (:mod:`.cuda_estimates`).
+reserved segments and the cuBLAS workspace are estimated apart (:mod:`..targets.allocator`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Phase, Profile
-from ..cuda_estimates import CUBLAS_OPS, cublas_workspace_bytes, reserved_bytes
 from ..fake import RunTensors
 from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
+from ..targets.allocator import CUBLAS_OPS, cublas_workspace_bytes, reserved_bytes
 from . import Meter, Op
 
 CATEGORIES = MEMORY_CATEGORIES
@@ -235,7 +235,7 @@ class MemoryMeter(Meter):
             row.allocated_bytes += allocated
 
     def _cuda_estimates(self) -> dict[str, int | None]:
-        """What a CUDA process holds beyond the allocated bytes, estimated (see :mod:`..cuda_estimates`)."""
+        """What a CUDA process holds beyond the allocated bytes, estimated (see :mod:`..targets.allocator`)."""
         sm90 = False
         if torch.cuda.is_available() and self._target is not None:
             major, minor = torch.cuda.get_device_capability(self._target)

@@ -1,0 +1,1 @@
+"""What a step runs on, modelled: the CUDA caching allocator (:mod:`.allocator`)."""
