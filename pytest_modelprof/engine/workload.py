@@ -90,20 +90,20 @@ class Workload:
         tensors = [*named_params.values(), *named_buffers.values(), *tensors_in((args, kwargs))]
         fake_mode, target = choose_mode(type(model).__name__, tensors, torch.device(device) if device is not None else None)
         return cls(
-            model,
-            args,
-            kwargs,
-            train,
-            loss_fn,
-            optimizer,
-            no_grad,
-            set_to_none,
-            autocast,
-            target,
-            fake_mode,
-            named_params,
-            named_buffers,
-            list(model.named_modules(remove_duplicate=False)),
+            model=model,
+            args=args,
+            kwargs=kwargs,
+            train=train,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            no_grad=no_grad,
+            set_to_none=set_to_none,
+            autocast=autocast,
+            target=target,
+            fake_mode=fake_mode,
+            named_params=named_params,
+            named_buffers=named_buffers,
+            named_modules=list(model.named_modules(remove_duplicate=False)),
         )
 
     @property
