@@ -171,7 +171,8 @@ class ModelProfiler:
         ``name`` is the profile's key in the budget files; by default the test's node id
         (``#2``, ``#3``... for later unnamed profiles of the same test). ``options`` are
         :func:`pytest_modelprof.profile`'s: ``train``, ``loss_fn``, ``device``, ``optimizer``,
-        ``memory``, ``no_grad``, ``set_to_none``, ``autocast``, ``latency``. Unless the test
+        ``memory``, ``no_grad``, ``set_to_none``, ``autocast``, ``latency``, ``flops``, ``formulas``
+        (added to those of the ``pytest_modelprof_flop_formulas`` hooks this test sees), ``meters``. Unless the test
         says ``latency=``, a profile is timed when its budget holds a latency limit or
         baseline (``--modelprof-latency`` changes that).
         """
