@@ -29,6 +29,23 @@ def test_batch_norm_training_adds_statistics():
     assert result.forward_flops == 8 * NUMEL + 1
 
 
+def test_cudnn_batch_norm_backward_costs_every_gradient():
+    # cuDNN's batch-norm backward (CUDA training steps) computes all three gradients: with the batch's
+    # statistics, grad_input 7 per element, grad_weight 2, grad_bias 1 (no GPU here: the formula, on meta tensors)
+    from pytest_modelprof.engine.meters.flops import formula_for
+
+    formula = formula_for(torch.ops.aten.cudnn_batch_norm_backward.default)
+    x = torch.empty(N, C, S, S, device="meta")
+    per_channel = torch.empty(C, device="meta")
+    training = formula(
+        x, x, per_channel, per_channel, per_channel, per_channel, per_channel, 1e-5, torch.empty(0, device="meta"), out_val=None
+    )
+    assert training.flops == (7 + 2 + 1) * NUMEL
+    no_statistics = torch.empty(0, device="meta")
+    evaluation = formula(x, x, per_channel, per_channel, per_channel, no_statistics, no_statistics, 1e-5, no_statistics, out_val=None)
+    assert evaluation.flops == (2 + 2 + 1) * NUMEL
+
+
 def test_layer_norm():
     assert profile(nn.LayerNorm(S), x4()).flops == 8 * NUMEL
     assert profile(nn.LayerNorm(S, elementwise_affine=False), x4()).flops == 6 * NUMEL

@@ -125,6 +125,27 @@ def addbmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_va
     return _matmul(batch * m * k * n, batch * m * n)
 
 
+@_register("addr", "addr_")
+def addr(bias: torch.Tensor, u: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # bias + outer(u, v): a product of contraction length 1 (one MAC per element), plus the add
+    m, n = u.shape[0], v.shape[0]
+    return _matmul(m * n, m * n)
+
+
+@_register("_grouped_mm")
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: Any = None, bias: Any = None, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # groups of products (mixture-of-experts layers), by the operands' ranks:
+    #   2d x 3d: tokens (M_total, K) split by offs over experts (G, K, N) -> (M_total, N): M_total K N
+    #   3d x 3d: (G, M, K) x (G, K, N) -> (G, M, N): G M K N
+    #   3d x 2d: (G, M, K) x (K, N_total) split by offs -> (M, N_total): M K N_total
+    #   2d x 2d: (M, K_total) x (K_total, N), K split by offs -> (G, M, N): M K_total N (weight gradients)
+    if a.dim() == 2 and b.dim() == 2:
+        macs = a.shape[0] * a.shape[1] * b.shape[1]
+    else:
+        macs = _first_tensor(out_val).numel() * a.shape[-1]
+    return _matmul(macs, _first_tensor(out_val).numel() if bias is not None else 0)
+
+
 @_register("mv")
 def mv(a: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return _matmul(a.shape[0] * a.shape[1])
@@ -609,6 +630,14 @@ def batch_norm_backward_v2(grad_out: torch.Tensor, x: torch.Tensor, *args: Any, 
     return _norm_backward(x, bool(args[5]), args[7])
 
 
+@_register("cudnn_batch_norm_backward", "miopen_batch_norm_backward")
+def cudnn_batch_norm_backward(x: torch.Tensor, grad_out: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # (input, grad_output, weight, running_mean, running_var, save_mean, save_var, eps[, reserve]): every
+    # gradient is computed; with the batch's statistics when the forward saved them (training)
+    save_mean = args[3]
+    return _norm_backward(x, save_mean is not None and save_mean.numel() > 0, (True, True, True))
+
+
 @_register("native_layer_norm")
 def layer_norm(x: torch.Tensor, shape: Any, weight: Any = None, bias: Any = None, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return _norm_forward(x, True, weight, bias)
@@ -830,7 +859,15 @@ def nll_loss_backward(grad_out: torch.Tensor, x: torch.Tensor, target: torch.Ten
 
 # ---------------------------------------------------------------- zero-FLOP ops
 
+
 # Data movement, tensor creation and random numbers: counted, at 0 FLOPs.
+@_register("index_add", "index_add_", "scatter_add", "scatter_add_")
+def indexed_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *, out_val: Any = None, alpha: Any = 1) -> OpCost:
+    # each element of source (index_add; scatter_add's src) is added into the output: 1 add, and
+    # a multiply where index_add scales it (alpha != 1)
+    return OpCost(source.numel() * (1 + int(alpha != 1)))
+
+
 DATA_MOVEMENT_NAMES = """
 view _unsafe_view reshape _reshape_alias expand expand_as permute transpose t squeeze unsqueeze
 slice select as_strided alias detach split split_with_sizes unsafe_split unsafe_split_with_sizes
