@@ -51,6 +51,23 @@ def test_analytic_step_equals_real_step():
     assert (analytic.optimizer_flops, analytic.flops) == (real.optimizer_flops, real.flops)
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS, ids=["for-loop", "foreach", "fused"])
+@pytest.mark.parametrize("make", [torch.optim.Adam, torch.optim.AdamW], ids=["adam", "adamw"])
+def test_analytic_step_of_an_optimizer_that_has_state(make, implementation):
+    # after a real step, Adam's step counter is a CPU tensor whose value it reads (step.item()):
+    # the analytic run must keep that value, not fail on a data-dependent read
+    net = model()
+    optimizer = make(net.parameters(), **implementation)
+    net(x()).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    real = profile(net, x(), train=True, optimizer=optimizer)
+    analytic = profile(net, x(), train=True, optimizer=optimizer, device="meta")
+    assert analytic.optimizer_flops == real.optimizer_flops == 13 * PARAMS + TENSORS + (PARAMS if make is torch.optim.AdamW else 0)
+    assert (analytic.flops, analytic.peak_memory_bytes) == (real.flops, real.peak_memory_bytes)
+    assert optimizer.state[net.weight]["step"].item() == 1  # the caller's counter is left as it was
+
+
 def test_the_callers_optimizer_and_model_are_left_as_they_were():
     net = model()
     optimizer = torch.optim.Adam(net.parameters(), lr=0.1)

@@ -126,8 +126,12 @@ def _copy_optimizer(
 
 
 def _copy_state(t: torch.Tensor, fake_mode: FakeTensorMode | None, target: torch.device) -> torch.Tensor:
-    if fake_mode is None:  # CPU step counters stay on the CPU, as optimizers keep them
-        return t.detach().to(t.device if t.dim() == 0 and t.device.type == "cpu" else target, copy=True)
+    counter = t.dim() == 0 and t.device.type == "cpu"  # a step counter, kept on the CPU as optimizers keep them
+    if fake_mode is None:
+        return t.detach().to(t.device if counter else target, copy=True)
+    if counter and not isinstance(t, FakeTensor):
+        # a fake constant keeps its value: the optimizer reads it (step.item()) to schedule its step
+        return fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, t.detach().clone(), make_constant=True)
     return to_fake(t, fake_mode, target)
 
 
