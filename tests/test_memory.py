@@ -113,7 +113,7 @@ def test_cuda_targets_round_to_allocator_blocks():
     meter.track(large, TEMPORARIES)
     meter.sample("forward", ())
     assert meter.peak == 512 + 4096  # 12 bytes -> one block; 4000 bytes -> 8 blocks
-    meter.close()
+    meter.stop()
 
 
 def test_no_finalizer_outlives_the_run():

@@ -28,3 +28,11 @@ def test_the_schema_names_the_metrics_of_the_table():
     schema = json.loads((Path(__file__).parents[1] / "pytest_modelprof" / "schema" / "profile.schema.json").read_text())
     finding = next(d for d in schema["$defs"].values() if "metric" in d.get("properties", {}))
     assert finding["properties"]["metric"]["enum"] == list(LIMITED)
+
+
+def test_the_package_lists_the_engine_s_public_names():
+    # pytest_modelprof keeps its own list (to load the engine, and torch, only on first use): the same names
+    import pytest_modelprof
+    import pytest_modelprof.engine
+
+    assert sorted(pytest_modelprof.__all__) == sorted(pytest_modelprof.engine.__all__)

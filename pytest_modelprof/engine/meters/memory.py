@@ -47,11 +47,8 @@ class MemoryMeter(Meter):
     """
 
     def __init__(self, round_to: int | None = None) -> None:
-        self._init(round_to or 1)
-        self._round_to_given = round_to is not None
-
-    def _init(self, round_to: int) -> None:
-        self.round_to = round_to
+        self._asked = round_to
+        self._set_rounding(round_to or 1)
         self.live: dict[int, list[int]] = {}  # storage address -> [bytes, category]
         self.totals = [0] * len(CATEGORIES)
         self.category_max = [0] * len(CATEGORIES)
@@ -68,6 +65,9 @@ class MemoryMeter(Meter):
         self._target: torch.device | None = None
         self._finalizers: list[weakref.finalize[Any, Any]] = []
         self._open = True
+
+    def _set_rounding(self, round_to: int) -> None:
+        self.round_to = round_to
         # for CUDA targets, every allocation (address, bytes) and free (address, -1) in order,
         # replayed by the caching-allocator model of the reserved-memory estimate
         self.events: list[tuple[int, int]] | None = [] if round_to > 1 else None
@@ -75,8 +75,7 @@ class MemoryMeter(Meter):
     # the run's events ----------------------------------------------------------
 
     def start(self, run: RunTensors, target: torch.device) -> None:
-        if not self._round_to_given and target.type == "cuda":
-            self._init(CUDA_BLOCK)
+        self._set_rounding(self._asked or (CUDA_BLOCK if target.type == "cuda" else 1))
         self._run = run
         self._target = target
         self.track_all(run.params, PARAMETERS)
@@ -102,16 +101,29 @@ class MemoryMeter(Meter):
             row[1] += self.allocated - before
 
     def saved(self, tensor: torch.Tensor, key: StackKey) -> None:
-        self.saved_for_backward(tensor, key)
+        """A saved-tensors hook saw ``tensor``: it lives on until the backward pass uses it."""
+        entry = self.live.get(tensor.untyped_storage()._cdata)
+        first_time = entry is None or entry[1] == TEMPORARIES
+        address = self.track(tensor, ACTIVATIONS)
+        if first_time and self.live[address][1] == ACTIVATIONS:
+            for path in key:
+                self.module_activations[path] = self.module_activations.get(path, 0) + self.live[address][0]
 
     def region(self, name: str) -> None:
-        # the gradients are complete once the backward pass is over (before the optimizer step,
-        # whose zero_grad may free them); an inference step has none
+        # weight and gradient bytes of each parameter, once the backward pass has made the gradients
+        # (before the optimizer step, whose zero_grad may free them); an inference step has none
         if name in ("optimizer", "end") and not self.parameters and self._run is not None:
-            self.record_parameters(self._run.params)
+            self.parameters = [
+                (param, t.untyped_storage().nbytes(), t.grad.untyped_storage().nbytes() if t.grad is not None else 0)
+                for param, t in self._run.params.items()
+            ]
 
     def stop(self) -> None:
-        self.close()
+        """Stop following storages: no finalizer outlives the run."""
+        self._open = False
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        self._finalizers.clear()
 
     # tensors ---------------------------------------------------------------
 
@@ -141,22 +153,6 @@ class MemoryMeter(Meter):
             if isinstance(value, torch.Tensor):
                 self.track(value, category)
 
-    def saved_for_backward(self, tensor: torch.Tensor, key: StackKey) -> None:
-        """A saved-tensors hook saw ``tensor``: it lives on until the backward pass uses it."""
-        entry = self.live.get(tensor.untyped_storage()._cdata)
-        first_time = entry is None or entry[1] == TEMPORARIES
-        address = self.track(tensor, ACTIVATIONS)
-        if first_time and self.live[address][1] == ACTIVATIONS:
-            for path in key:
-                self.module_activations[path] = self.module_activations.get(path, 0) + self.live[address][0]
-
-    def record_parameters(self, params: dict[str, torch.Tensor]) -> None:
-        """Weight and gradient bytes of each parameter, once the backward pass has made the gradients."""
-        self.parameters = [
-            (name, t.untyped_storage().nbytes(), t.grad.untyped_storage().nbytes() if t.grad is not None else 0)
-            for name, t in params.items()
-        ]
-
     def _free(self, address: int) -> None:
         entry = self.live.pop(address, None)
         if entry is not None and self._open:
@@ -182,13 +178,6 @@ class MemoryMeter(Meter):
         for path in key:
             if total > self.module_peaks.get((path, backward), 0):
                 self.module_peaks[(path, backward)] = total
-
-    def close(self) -> None:
-        """Stop following storages: no finalizer outlives the run."""
-        self._open = False
-        for finalizer in self._finalizers:
-            finalizer.detach()
-        self._finalizers.clear()
 
     # the profile ----------------------------------------------------------------
 
