@@ -36,9 +36,12 @@ if TYPE_CHECKING:
         register_flop_formula,
         unregister_flop_formula,
     )
+    from .engine.targets.gpus import GPUS, GPUSpec
 
 __all__ = [
+    "GPUS",
     "FormulaError",
+    "GPUSpec",
     "IterationMemory",
     "LatencyReport",
     "LatencyWarning",

@@ -16,7 +16,7 @@ Phase = Literal["forward", "loss", "backward", "recompute", "optimizer"]
 """Where in a step an op ran (see :mod:`pytest_modelprof.engine.dispatch`)."""
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
-MemoryCategory = Literal["parameters", "buffers", "inputs", "gradients", "activations", "temporaries", "optimizer_state"]
+MemoryCategory = Literal["parameters", "buffers", "inputs", "gradients", "activations", "temporaries", "optimizer_state", "workspace"]
 """What a storage holds (see :mod:`pytest_modelprof.engine.meters.memory`)."""
 MEMORY_CATEGORIES: tuple[MemoryCategory, ...] = get_args(MemoryCategory)
 # A timed run whose threads waited for a CPU longer than this share of the time they were
@@ -61,7 +61,7 @@ class MemoryReport:
     block_bytes: int = 1
     parameters: list[tuple[str, int, int]] = field(default_factory=list)  # (name, weight bytes, gradient bytes)
     # CUDA targets: labelled estimates of what allocated bytes do not show, never added to the
-    # peak (reserved_bytes, cublas_workspace_bytes, cudnn_workspace_bytes, cuda_context_bytes;
+    # peak (reserved_bytes, cudnn_workspace_bytes, cuda_context_bytes;
     # None: not estimated); see pytest_modelprof.engine.targets.allocator
     estimates: dict[str, int | None] = field(default_factory=dict)
 
@@ -283,6 +283,8 @@ class Profile:
     ops: list[OpStats] = field(default_factory=list)
     uncounted: dict[str, int] = field(default_factory=dict)
     flops_counted: bool = True  # False: a profile without the FLOP meter (profile(flops=False)), its FLOPs not measured
+    target: str | None = None  # the GPU the step was profiled for (profile(target=...)), None: the device it ran on
+    target_memory_bytes: int | None = None  # that GPU's memory
     name: str | None = None
     # Memory and latency figures: None until the memory and timing meters measure them.
     peak_activation_bytes: int | None = None
@@ -313,6 +315,15 @@ class Profile:
         return self.flops / self.latency_seconds if self.latency_seconds else None
 
     @property
+    def fits(self) -> bool | None:
+        """Whether the step fits in the target GPU's memory: the caching allocator's reserved peak
+        (its segments, the CUDA context aside) against the GPU's memory; None without a target."""
+        if self.target_memory_bytes is None or self.memory is None:
+            return None
+        reserved = self.memory.estimates.get("reserved_bytes") or self.memory.peak_bytes
+        return reserved <= self.target_memory_bytes
+
+    @property
     def model_size_bytes(self) -> int:
         """Bytes of parameters and buffers (each storage counted once)."""
         return self.param_bytes + self.buffer_bytes
@@ -336,7 +347,9 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(dataclasses.replace(self, profiler_events=None))
         del data["profiler_events"]
-        data.update(flops=self.flops, macs=self.macs, model_size_bytes=self.model_size_bytes, flops_per_second=self.flops_per_second)
+        data.update(
+            flops=self.flops, macs=self.macs, model_size_bytes=self.model_size_bytes, flops_per_second=self.flops_per_second, fits=self.fits
+        )
         return data
 
     @classmethod

@@ -7,10 +7,13 @@ from .meters import Meter, Op
 from .meters.flops import register_flop_formula, unregister_flop_formula
 from .monitor import IterationMemory, MemoryGrowthWarning, MemoryMonitor
 from .run import profile
+from .targets.gpus import GPUS, GPUSpec
 from .timing import LatencyWarning, Timing, calibration_workload, machine_name
 
 __all__ = [
+    "GPUS",
     "FormulaError",
+    "GPUSpec",
     "IterationMemory",
     "LatencyReport",
     "LatencyWarning",

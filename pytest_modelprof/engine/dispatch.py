@@ -25,12 +25,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..results import Phase
+from .backward import SavedTensors, current_node, in_backward
 from .formulas import METADATA
 from .meters import Meter, Op, overrides
 from .modules import ROOT, ModuleTracker, StackKey
-
-_current_graph_task_id = torch._C._current_graph_task_id
-_current_autograd_node = torch._C._current_autograd_node
 
 
 def op_name(func: Any) -> str:
@@ -65,25 +63,28 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return all(m.replayable for m in self.meters)
 
     @contextlib.contextmanager
-    def attached(self) -> Iterator[None]:
-        """The dispatch mode, the module tracker and (for meters that want them) saved-tensor hooks, for the run."""
+    def attached(self, saved: SavedTensors | None = None) -> Iterator[None]:
+        """The dispatch mode, the module tracker and saved-tensor hooks, for the run: for the meters
+        that want to see saved tensors, and ``saved``'s (a run whose backward pass runs in Python)."""
         savers = [m for m in self.meters if overrides(m, "saved")]
         with contextlib.ExitStack() as stack:
-            if savers:
-                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._saver(savers), _identity))
+            if savers or saved is not None:
+                unpack = saved.unpack if saved is not None else _identity
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._saver(savers, saved), unpack))
             stack.enter_context(self.tracker)
             stack.enter_context(self)
             stack.callback(self._settle)
             yield
 
-    def _saver(self, savers: list[Meter]) -> Any:
+    def _saver(self, savers: list[Meter], saved: SavedTensors | None) -> Any:
         tracker = self.tracker
+        keep = saved.pack if saved is not None else _identity
 
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
+        def pack(tensor: torch.Tensor) -> Any:
             key = tracker.key or ROOT
             for meter in savers:
                 meter.saved(tensor, key)
-            return tensor
+            return keep(tensor)
 
         return pack
 
@@ -95,10 +96,10 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def where(self) -> tuple[Phase, StackKey, Any]:
         """The phase, module stack and autograd node (None outside the backward pass) of the op under way."""
-        if _current_graph_task_id() != -1:  # inside the backward pass
+        if in_backward():
             if torch.is_grad_enabled():
                 return "recompute", self.tracker.key or ROOT, None
-            node = _current_autograd_node()
+            node = current_node()
             key = self.tracker.key_of_node(node)
             return ("backward", key, node) if key else ("loss", (), node)
         if self.region != "forward":
@@ -165,5 +166,5 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.end_capture()
 
 
-def _identity(tensor: torch.Tensor) -> torch.Tensor:
+def _identity(tensor: Any) -> Any:
     return tensor

@@ -18,17 +18,33 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import ProfileError
+from .targets.gpus import GPUSpec
+
+CUDA_TARGET = torch.device("cuda", 0)  # what the fake tensors of an analytic GPU-target run claim
 
 if TYPE_CHECKING:
     from .workload import Workload
 
 
-def choose_mode(model_name: str, tensors: list[torch.Tensor], device: torch.device | None) -> tuple[FakeTensorMode | None, torch.device]:
+def choose_mode(
+    model_name: str, tensors: list[torch.Tensor], device: torch.device | None, gpu: GPUSpec | None = None
+) -> tuple[FakeTensorMode | None, torch.device]:
     """The fake mode of an analytic run (None for a real one) and the device the run targets.
 
     ``tensors`` are the model's parameters and buffers and the input tensors; ``device``
-    is what the caller asked for (None: where the model is).
+    is what the caller asked for (None: where the model is); ``gpu`` the target GPU, whose
+    run is analytic on fake tensors that claim ``cuda:0`` unless ``device="cuda"`` asks for
+    a real run on this machine's GPU.
     """
+    if gpu is not None:
+        if device is None or device.type == "meta":
+            existing = next((t.fake_mode for t in tensors if isinstance(t, FakeTensor)), None)
+            return existing or FakeTensorMode(allow_non_fake_inputs=True), CUDA_TARGET
+        if device.type != "cuda":
+            raise ProfileError(
+                f"target={gpu.name!r} is a GPU: run it analytically (device=None or 'meta') "
+                f"or for real (device='cuda'), not on {str(device)!r}"
+            )
     existing_fake = next((t.fake_mode for t in tensors if isinstance(t, FakeTensor)), None)
     model_device = next((t.device for t in tensors if not isinstance(t, FakeTensor)), None)
     if existing_fake is not None:
@@ -113,6 +129,12 @@ def _copy_optimizer(
             params.append(run)
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
     accepted = inspect.signature(type(optimizer)).parameters
+    if fake_mode is not None and target.type == "cuda" and "foreach" in accepted:
+        # CUDA's default when neither is asked for: the foreach kernels (the optimizers'
+        # _default_to_fused_or_foreach, which does not take fake tensors for CUDA ones)
+        for group in groups:
+            if group.get("foreach") is None and not group.get("fused") and not group.get("differentiable"):
+                group["foreach"] = True
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
     try:
         copy = type(optimizer)(groups, **defaults)
@@ -139,6 +161,7 @@ def to_fake(t: torch.Tensor, fake_mode: FakeTensorMode, target: torch.device) ->
     """``t`` as a fake tensor of ``fake_mode`` claiming ``target`` (meta tensors) or its own device."""
     if isinstance(t, FakeTensor):
         return t.detach()
-    if t.device.type == "meta":
-        return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t.detach(), target)
+    if t.device.type == "meta" or (target.type == "cuda" and t.device.type != "cuda"):
+        # made from the shape alone: a tensor of a model that claims (or targets) a device it is not on
+        return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t.detach().to("meta"), target)
     return fake_mode.from_tensor(t.detach())

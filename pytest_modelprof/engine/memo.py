@@ -33,6 +33,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_globals
 
+from .backward import in_backward
+
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
     from .modules import StackKey
@@ -179,7 +181,7 @@ class LeafMemo:
             or self._active is not None
             or type(module) in self._single_op_types
             or dispatcher.region != "forward"
-            or torch._C._current_graph_task_id() != -1
+            or in_backward()
         ):
             return
         signature = self._signature(module, args)

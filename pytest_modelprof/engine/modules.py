@@ -8,7 +8,7 @@ called from outside its parent falls back to its first path in ``named_modules``
 Backward: every autograd node gets a sequence number when the forward creates it.
 At each module entry and exit the tracker records the next sequence number and the
 stack at that moment; an op in the backward pass is attributed to the stack that was
-active when its node (``torch._C._current_autograd_node()``) was created. This is
+active when its node (:func:`.backward.current_node`) was created. This is
 exact for modules called several times, shared modules and re-entrant calls, and it
 needs no hooks on tensors.
 """
@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+from .backward import in_backward
 
 StackKey = tuple[str, ...]
 """The dotted paths of the modules running, outermost first, each path once."""
@@ -106,7 +108,7 @@ class ModuleTracker:
             key = (*self.key, path)
         self.frames.append((path, module, key))
         self.key = key
-        if not _in_backward():
+        if not in_backward():
             self.calls[path] += 1
         self._mark()
         if self.observer is not None:
@@ -156,7 +158,3 @@ class ModuleTracker:
             key = self._boundary_keys[index] if index >= 0 else ()
             self._node_keys[seq] = key
         return key
-
-
-def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1

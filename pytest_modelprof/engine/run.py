@@ -25,6 +25,7 @@ from .meters import Meter
 from .meters.flops import FlopMeter, FormulaTable
 from .meters.memory import MemoryMeter
 from .modules import ModuleTracker
+from .targets.gpus import GPUSpec
 from .timing import Timing, batch_size_of, measure_latency
 from .workload import Workload
 
@@ -45,6 +46,7 @@ def profile(
     latency: bool | Timing = False,
     formulas: Mapping[Any, Any] | None = None,
     meters: Sequence[Meter] = (),
+    target: str | GPUSpec | None = None,
 ) -> Profile:
     """Profile one forward pass (``train=False``) or one training step of ``model``.
 
@@ -96,6 +98,7 @@ def profile(
         no_grad=no_grad,
         set_to_none=set_to_none,
         autocast=autocast,
+        target=target,
     )
     timing = Timing() if latency is True else latency or None
     if timing is not None and not isinstance(timing, Timing):
@@ -105,7 +108,7 @@ def profile(
     for meter in meters:
         if not isinstance(meter, Meter):
             raise TypeError(f"meters= takes instances of pytest_modelprof.engine.meters.Meter, got {type(meter).__name__}")
-    attached = [*([FlopMeter(FormulaTable(formulas))] if flops else []), *([MemoryMeter()] if memory else []), *meters]
+    attached = [*([FlopMeter(FormulaTable(formulas))] if flops else []), *([MemoryMeter(gpu=workload.gpu)] if memory else []), *meters]
 
     result = _metered(workload, attached)
     if timing is not None:
@@ -126,7 +129,7 @@ def _metered(workload: Workload, meters: list[Meter]) -> Profile:
             if dispatcher.replayable:
                 # repeated calls of stock leaf modules replay their first call's contributions
                 tracker.observer = LeafMemo(dispatcher, hooks=1)
-            with dispatcher.attached():
+            with dispatcher.attached(run.saved):
                 run.step(region=dispatcher.enter_region, tracker=tracker)
         finally:
             for meter in meters:

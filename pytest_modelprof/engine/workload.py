@@ -24,9 +24,12 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
+from .backward import HookGuard, SavedTensors, run_backward
 from .errors import ProfileError
 from .fake import RunTensors, choose_mode, run_tensors, tensors_in
 from .modules import ModuleTracker
+from .targets.gpus import GPUSpec, gpu_spec
+from .targets.kernels import CudaKernels
 
 DEVICE_KINDS = ("cpu", "cuda", "meta")  # what device= accepts ("meta": analytic)
 
@@ -54,6 +57,7 @@ class Workload:
     autocast: torch.dtype | None
     target: torch.device  # the device the step runs on (or that its fake tensors claim)
     fake_mode: FakeTensorMode | None  # set: an analytic run on fake tensors
+    gpu: GPUSpec | None  # the GPU a CUDA step runs on (target=), for its kernels, allocator and memory
     named_params: dict[str, torch.Tensor] = field(repr=False)
     named_buffers: dict[str, torch.Tensor] = field(repr=False)
     named_modules: list[tuple[str, nn.Module]] = field(repr=False)
@@ -71,6 +75,7 @@ class Workload:
         no_grad: bool = True,
         set_to_none: bool = True,
         autocast: torch.dtype | None = None,
+        target: str | GPUSpec | None = None,
     ) -> Workload:
         """The workload of :func:`~pytest_modelprof.profile`'s arguments (see there), checked."""
         if not isinstance(model, nn.Module):
@@ -88,7 +93,8 @@ class Workload:
         named_params: dict[str, torch.Tensor] = dict(model.named_parameters())
         named_buffers = dict(model.named_buffers())
         tensors = [*named_params.values(), *named_buffers.values(), *tensors_in((args, kwargs))]
-        fake_mode, target = choose_mode(type(model).__name__, tensors, torch.device(device) if device is not None else None)
+        gpu = gpu_spec(target) if target is not None else None
+        fake_mode, run_device = choose_mode(type(model).__name__, tensors, torch.device(device) if device is not None else None, gpu)
         return cls(
             model=model,
             args=args,
@@ -99,8 +105,9 @@ class Workload:
             no_grad=no_grad,
             set_to_none=set_to_none,
             autocast=autocast,
-            target=target,
+            target=run_device,
             fake_mode=fake_mode,
+            gpu=gpu,
             named_params=named_params,
             named_buffers=named_buffers,
             named_modules=list(model.named_modules(remove_duplicate=False)),
@@ -109,6 +116,11 @@ class Workload:
     @property
     def analytic(self) -> bool:
         return self.fake_mode is not None
+
+    @property
+    def python_backward(self) -> bool:
+        """Whether the backward pass runs in :mod:`.backward` (analytic CUDA runs: the engine needs a driver)."""
+        return self.fake_mode is not None and self.target.type == "cuda"
 
     @contextlib.contextmanager
     def prepared(self) -> Iterator[Run]:
@@ -150,10 +162,26 @@ class Run:
         )
         self._state = None if in_place else {**tensors.params, **tensors.buffers}
         self._trainable = [t for t in tensors.params.values() if t.requires_grad]
+        # the backward pass run in Python holds what autograd saves, to release it as the engine does
+        self.saved = SavedTensors() if workload.python_backward and workload.train else None
 
     def _autocast(self) -> Any:
         dtype = self.workload.autocast
-        return torch.autocast(self.workload.target.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        if dtype is None:
+            return contextlib.nullcontext()
+        if self.workload.analytic and self.workload.target.type == "cuda":
+            return _cuda_autocast(dtype)
+        return torch.autocast(self.workload.target.type, dtype=dtype)
+
+    def _target_modes(self) -> Any:
+        """For an analytic GPU-target run: the kernel choices of the target GPU, and (when the backward
+        pass runs in Python) the guard against hooks it cannot run."""
+        stack = contextlib.ExitStack()
+        if self.workload.analytic and self.workload.gpu is not None:
+            stack.enter_context(CudaKernels(self.workload.gpu))
+        if self.saved is not None:
+            stack.enter_context(HookGuard())
+        return stack
 
     def _forward(self) -> Any:
         model, args, kwargs = self.workload.model, self.tensors.args, self.tensors.kwargs
@@ -167,7 +195,7 @@ class Run:
         workload = self.workload
         model = workload.model
         try:
-            with torch.set_grad_enabled(workload.train or not workload.no_grad), self._autocast():
+            with torch.set_grad_enabled(workload.train or not workload.no_grad), self._autocast(), self._target_modes():
                 output = self._forward()
         except ProfileError:
             raise
@@ -199,7 +227,10 @@ class Run:
         if not loss.requires_grad:
             raise ProfileError("the loss does not depend on any parameter that requires grad: nothing to backpropagate")
         try:
-            loss.backward()  # type: ignore[no-untyped-call]
+            if self.saved is not None:
+                run_backward(loss, self.saved)
+            else:
+                loss.backward()  # type: ignore[no-untyped-call]
         except ProfileError:
             raise
         except Exception as error:
@@ -265,6 +296,25 @@ def _create_state(optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
         for param in params:
             param.grad = None
+
+
+@contextlib.contextmanager
+def _cuda_autocast(dtype: torch.dtype) -> Iterator[None]:
+    """``torch.autocast("cuda", dtype)`` for fake CUDA tensors: what its ``__enter__`` and ``__exit__``
+    do, without its check for a CUDA device (which disables it on a machine without one)."""
+    enabled, previous_dtype, cache = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.is_autocast_cache_enabled()
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", dtype)
+    torch.autocast_increment_nesting()
+    torch.set_autocast_cache_enabled(True)
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled("cuda", enabled)
+        torch.set_autocast_dtype("cuda", previous_dtype)
+        torch.set_autocast_cache_enabled(cache)
 
 
 def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Exception) -> ProfileError:

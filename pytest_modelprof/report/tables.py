@@ -329,7 +329,6 @@ def format_op_times(profile: Profile, top: int | None = None, human: bool = True
 
 _ESTIMATES = {
     "reserved_bytes": ("reserved", "caching allocator model, cuBLAS workspace included"),
-    "cublas_workspace_bytes": ("cuBLAS workspace", "also allocated: add it to compare with max_memory_allocated"),
     "cudnn_workspace_bytes": ("cuDNN workspace", "chosen per convolution algorithm at run time"),
     "cuda_context_bytes": ("CUDA context", "driver, GPU and loaded kernels; outside the allocator"),
 }
@@ -350,6 +349,8 @@ def format_memory_report(profile: Profile, top_parameters: int = 10) -> str:
     width = max(len(c) for c in memory.categories)
     lines.append(f"  {'category':<{width}}  {'at the peak':>11}  {'share':>6}  {'own maximum':>11}")
     for category in memory.categories:
+        if category == "workspace" and not memory.category_max.get(category):
+            continue  # only CUDA steps have one
         at_peak = memory.peak_breakdown[category]
         share = f"{at_peak / memory.peak_bytes:.1%}" if memory.peak_bytes else ""
         lines.append(

@@ -29,12 +29,13 @@ from torch.utils._pytree import tree_flatten
 from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Phase, Profile
 from ..fake import RunTensors
 from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
-from ..targets.allocator import CUBLAS_OPS, cublas_workspace_bytes, reserved_bytes
+from ..targets.allocator import CUBLAS_OPS, REDUCED_PRECISION, cublas_workspace_bytes, reserved_bytes
+from ..targets.gpus import GPUSpec
 from . import Meter, Op
 
 CATEGORIES = MEMORY_CATEGORIES
 # the meter keeps its totals in a list, indexed by category
-PARAMETERS, BUFFERS, INPUTS, GRADIENTS, ACTIVATIONS, TEMPORARIES, OPTIMIZER_STATE = range(len(CATEGORIES))
+PARAMETERS, BUFFERS, INPUTS, GRADIENTS, ACTIVATIONS, TEMPORARIES, OPTIMIZER_STATE, WORKSPACE = range(len(CATEGORIES))
 _STICKY = frozenset({PARAMETERS, BUFFERS, INPUTS, OPTIMIZER_STATE})
 CUDA_BLOCK = 512
 
@@ -44,10 +45,14 @@ class MemoryMeter(Meter):
 
     ``round_to`` is the allocation granularity: by default 512 bytes for a CUDA target
     (the caching allocator's blocks) and 1 otherwise, decided when the run starts.
+    ``gpu`` is the target GPU of a CUDA run (its compute capability sets the cuBLAS
+    workspace; on a real GPU, the device's own capability is read instead).
     """
 
-    def __init__(self, round_to: int | None = None) -> None:
+    def __init__(self, round_to: int | None = None, gpu: GPUSpec | None = None) -> None:
         self._asked = round_to
+        self._gpu = gpu
+        self.matmul_dtypes: set[torch.dtype] = set()  # CUDA targets: the dtypes of the matrix products that ran
         self._set_rounding(round_to or 1)
         self.live: dict[int, list[int]] = {}  # storage address -> [bytes, category]
         self.totals = [0] * len(CATEGORIES)
@@ -91,6 +96,8 @@ class MemoryMeter(Meter):
             self.track_all(op.out, GRADIENTS)  # what AccumulateGrad stores in .grad
         else:
             self.track_all(op.out, TEMPORARIES)
+        if self.events is not None and op.name in CUBLAS_OPS and isinstance(op.out, torch.Tensor):
+            self.matmul_dtypes.add(op.out.dtype)
         self.sample(op.phase, op.key)
         key = (op.phase, op.key, op.name)
         row = self.op_bytes.get(key)
@@ -182,6 +189,8 @@ class MemoryMeter(Meter):
     # the profile ----------------------------------------------------------------
 
     def contribute(self, profile: Profile, modules: dict[str, ModuleStats]) -> None:
+        if self.events is not None:
+            self._add_workspace(self._workspace_bytes())
         phase, key = self.peak_where
         profile.memory = MemoryReport(
             peak_bytes=self.peak,
@@ -223,15 +232,31 @@ class MemoryMeter(Meter):
                     row.modules.append(key[-1])
             row.allocated_bytes += allocated
 
+    def _workspace_bytes(self) -> int:
+        """The cuBLAS workspaces of the step: resident in a steady step once a matrix product has run."""
+        if not self.matmul_dtypes:
+            return 0
+        if self._target is not None and self._target.type == "cuda" and torch.cuda.is_available() and self._gpu is None:
+            capability = torch.cuda.get_device_capability(self._target)
+        else:
+            capability = self._gpu.compute_capability if self._gpu is not None else (0, 0)
+        return cublas_workspace_bytes(capability, reduced_precision=bool(self.matmul_dtypes & REDUCED_PRECISION))
+
+    def _add_workspace(self, workspace: int) -> None:
+        """Workspace allocated before the step (in an earlier one) and held: a constant under the whole timeline."""
+        if not workspace:
+            return
+        self.totals[WORKSPACE] += workspace
+        self.category_max[WORKSPACE] += workspace
+        self.peak += workspace
+        self.peak_breakdown[WORKSPACE] += workspace
+        self.timeline = [(phase, (*row[:WORKSPACE], row[WORKSPACE] + workspace, *row[WORKSPACE + 1 :])) for phase, row in self.timeline]
+        for where in self.module_peaks:
+            self.module_peaks[where] += workspace
+
     def _cuda_estimates(self) -> dict[str, int | None]:
         """What a CUDA process holds beyond the allocated bytes, estimated (see :mod:`..targets.allocator`)."""
-        sm90 = False
-        if torch.cuda.is_available() and self._target is not None:
-            major, minor = torch.cuda.get_device_capability(self._target)
-            sm90 = (major, minor) == (9, 0)
-        ran = {name for _, _, name in self.op_bytes}
-        workspace = cublas_workspace_bytes(sm90) if ran & CUBLAS_OPS else 0
-        events = self.events or []
-        # the workspace comes from the allocator at the first matrix product: replayed first
-        reserved = reserved_bytes(([(-1, workspace)] if workspace else []) + events)
-        return {"reserved_bytes": reserved, "cublas_workspace_bytes": workspace, "cudnn_workspace_bytes": None, "cuda_context_bytes": None}
+        workspace = self.totals[WORKSPACE]
+        # the workspace comes from the allocator at the first matrix product, before this step: replayed first
+        reserved = reserved_bytes(([(-1, workspace)] if workspace else []) + (self.events or []))
+        return {"reserved_bytes": reserved, "cudnn_workspace_bytes": None, "cuda_context_bytes": None}

@@ -14,9 +14,10 @@ estimates say how much more, each on its own line, never added to the peak:
   the rest is at least 512 bytes (small pool) or more than 1 MiB (large pool), freed
   blocks merged with free neighbours, segments never returned. Streams, expandable
   segments and ``PYTORCH_CUDA_ALLOC_CONF`` settings are not modelled.
-- **cuBLAS workspace**: one workspace per handle and stream, taken from the caching
-  allocator the first time a matrix product runs: the size ``CUBLAS_WORKSPACE_CONFIG``
-  gives, else torch's default (8 MiB + 128 KiB; 32 MiB on Hopper, sm_90).
+- **cuBLAS workspace** (:func:`cublas_workspace_bytes`): one workspace per handle and
+  stream, taken from the caching allocator the first time a matrix product runs and kept:
+  it counts in allocated bytes, and the memory meter holds it under ``workspace`` for a
+  whole steady step.
 - **cuDNN workspace**: chosen per convolution algorithm at run time; not estimated.
 - **CUDA context** (driver, kernels, cuBLAS/cuDNN handles): outside the allocator;
   not estimated (it depends on the driver, the GPU and which kernels load).
@@ -27,6 +28,8 @@ from __future__ import annotations
 import bisect
 import os
 import re
+
+import torch
 
 BLOCK = 512
 SMALL_REQUEST = 1 << 20  # requests up to 1 MiB: small pool
@@ -39,6 +42,10 @@ ROUND_LARGE = 2 << 20
 CUBLAS_OPS = frozenset(
     {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._addmm_activation", "aten.addmv", "aten.mv", "aten.dot", "aten._scaled_mm"}
 )
+
+
+LT_WORKSPACE = 1 << 20
+REDUCED_PRECISION = frozenset({torch.bfloat16, torch.float16})
 
 
 def rounded(size: int) -> int:
@@ -120,11 +127,15 @@ def reserved_bytes(events: list[tuple[int, int]]) -> int:
     return model.reserved
 
 
-def cublas_workspace_bytes(sm90: bool = False) -> int:
-    """One cuBLAS workspace: ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE_KiB:COUNT`` entries, sizes summed), else torch's default."""
+def cublas_workspace_bytes(capability: tuple[int, int], reduced_precision: bool = False) -> int:
+    """The cuBLAS workspace of one handle and stream on a GPU of ``capability``:
+    ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE_KiB:COUNT`` entries, sizes summed), else torch's
+    default (32 MiB on Hopper, sm_90; 8 MiB + 128 KiB elsewhere). A matrix product in
+    bfloat16 or float16 (``reduced_precision``) adds cuBLASLt's own 1 MiB (measured on an H100)."""
+    lt = LT_WORKSPACE if reduced_precision else 0
     config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if config:
         sizes = [int(size) for size, _ in re.findall(r":(\d+):(\d+)", config)]
         if sizes:
-            return sum(sizes) * 1024
-    return 4096 * 8 * 1024 if sm90 else 4096 * 1024 * 2 + 16 * 1024 * 8
+            return sum(sizes) * 1024 + lt
+    return (4096 * 8 * 1024 if capability == (9, 0) else 4096 * 1024 * 2 + 16 * 1024 * 8) + lt

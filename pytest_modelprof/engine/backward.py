@@ -1,0 +1,307 @@
+"""The backward pass of an analytic CUDA-target run, executed node by node in Python.
+
+PyTorch's autograd engine cannot run the backward pass of fake CUDA tensors on a
+machine without a CUDA driver: before it runs a node it stashes the current stream of
+every CUDA device, and asks the driver whether a context exists (pytorch issue 92627).
+The forward pass has no such need, so an analytic run on a CUDA target makes its forward
+pass with fake tensors that claim ``cuda:0`` (autocast's CUDA op lists, CUDA's kernel
+choices and the optimizers' CUDA defaults all apply) and hands the backward pass to
+:func:`run_backward`, which walks the same graph as the engine does:
+
+- the same order: a node runs once every node that feeds it has run; among the ready
+  ones, the most recently created first (the highest sequence number; ``AccumulateGrad``
+  first of all), as the engine's CPU ready queue orders them;
+- the same kernels: each node's own backward (its C++ formula, or a custom
+  ``autograd.Function``'s ``backward``) is called with the gradients the engine would
+  pass: summed when several nodes feed one input (out of place: the engine never adds
+  into a tensor subclass), cast and reduced to the input's dtype and shape as the
+  engine's ``validate_outputs`` does;
+- the same lifetimes: what a node saved is released once it has run (the engine's
+  ``release_variables``), through saved-tensor hooks that hold each saved tensor in a
+  holder keyed by the node that saved it (:class:`SavedTensors`); gradients are freed as
+  soon as their consumer has run;
+- the same gradients: ``AccumulateGrad`` is done here as the engine does it: a gradient
+  that no one else holds and that has the parameter's strides becomes ``.grad``
+  (detached), another is copied into the parameter's layout, and an existing ``.grad``
+  is added to in place; hooks registered on leaf tensors and post-accumulate-grad hooks
+  run.
+
+Hooks registered on non-leaf tensors and on autograd nodes, and re-entrant
+checkpointing (which runs the engine itself), cannot be run this way: they are refused
+with a clear error, never skipped (:class:`HookGuard`).
+
+The run always uses this executor for a CUDA target, also where a GPU is present, so
+an analytic CUDA profile is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .errors import ProfileError
+
+_peek_sequence_nr = torch.autograd._get_sequence_nr  # type: ignore[attr-defined]
+_current_graph_task_id = torch._C._current_graph_task_id
+_current_autograd_node = torch._C._current_autograd_node
+
+
+class _State:
+    node: Any = None  # the node the Python executor is running (None: none)
+
+
+_STATE = _State()
+_TASK_IDS = itertools.count(1 << 62)  # graph task ids of Python backward passes, apart from the engine's
+
+
+def in_backward() -> bool:
+    """Whether a backward pass is under way: the engine's, or :func:`run_backward`'s."""
+    return _STATE.node is not None or _current_graph_task_id() != -1
+
+
+def current_node() -> Any:
+    """The autograd node whose backward is running (None outside the backward pass)."""
+    return _STATE.node if _STATE.node is not None else _current_autograd_node()
+
+
+class SavedTensors:
+    """Saved-tensor hooks' pack and unpack that let :func:`run_backward` release what a node saved.
+
+    A node's sequence number is taken when it is made, just before autograd saves its
+    tensors, so the tensors packed now belong to the node numbered one below the next.
+    """
+
+    def __init__(self) -> None:
+        self._by_node: dict[int, list[list[torch.Tensor]]] = {}
+
+    def pack(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        holder = [tensor]
+        self._by_node.setdefault(_peek_sequence_nr() - 1, []).append(holder)
+        return holder
+
+    @staticmethod
+    def unpack(holder: list[torch.Tensor]) -> torch.Tensor:
+        if not holder:
+            raise RuntimeError("Trying to backward through the graph a second time: its saved tensors have been freed")
+        return holder[0]
+
+    def release(self, node: Any) -> None:
+        for holder in self._by_node.pop(node._sequence_nr(), ()):
+            holder.clear()
+
+
+class HookGuard(TorchFunctionMode):
+    """Refuses what :func:`run_backward` cannot run: hooks on non-leaf tensors, re-entrant checkpoints."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.register_hook and args and args[0].grad_fn is not None:
+            raise ProfileError(
+                "a hook registered on a non-leaf tensor (Tensor.register_hook) cannot run in the backward pass of "
+                "an analytic CUDA-target run; profile on a real GPU (device='cuda') or without the hook"
+            )
+        return func(*args, **kwargs)
+
+
+def run_backward(loss: torch.Tensor, saved: SavedTensors) -> None:
+    """``loss.backward()``, executed here (see the module's notes)."""
+    root = loss.grad_fn
+    if root is None:
+        raise ProfileError("the loss does not depend on any parameter that requires grad: nothing to backpropagate")
+    # the gradient of the loss, made as torch.autograd.backward makes it (outside the pass),
+    # and held, as it holds it, until the pass ends
+    seed = torch.ones_like(loss, memory_format=torch.preserve_format)
+    dependencies = _dependencies(root)
+    buffers: dict[Any, list[Any]] = {root: [seed]}
+    order = itertools.count()
+    ready: list[tuple[int, int, Any]] = [(-root._sequence_nr(), next(order), root)]
+    # code that keys its state by the graph task (non-reentrant checkpointing recomputes
+    # once per task) sees one task for the whole pass, as under the engine
+    task = next(_TASK_IDS)
+    stock_task_id = torch._C._current_graph_task_id
+    torch._C._current_graph_task_id = lambda: task
+    try:
+        _run(buffers, dependencies, ready, order, saved)
+    finally:
+        torch._C._current_graph_task_id = stock_task_id
+
+
+def _run(
+    buffers: dict[Any, list[Any]],
+    dependencies: dict[Any, int],
+    ready: list[tuple[int, int, Any]],
+    order: Iterator[int],
+    saved: SavedTensors,
+) -> None:
+    shared: set[Any] = set()  # AccumulateGrad nodes whose gradient someone else holds too
+    with torch.no_grad():
+        while ready:
+            node = heapq.heappop(ready)[2]
+            inputs = buffers.pop(node)
+            with _running(node):
+                if hasattr(node, "variable"):  # AccumulateGrad
+                    _accumulate(node.variable, inputs[0], stealable=node not in shared)
+                    continue
+                outputs = _call(node, inputs)
+                del inputs
+                saved.release(node)
+                _pass_on(node, outputs, buffers, shared, dependencies, ready, order)
+                del outputs
+
+
+def _pass_on(
+    node: Any,
+    outputs: tuple[Any, ...],
+    buffers: dict[Any, list[Any]],
+    shared: set[Any],
+    dependencies: dict[Any, int],
+    ready: list[tuple[int, int, Any]],
+    order: Iterator[int],
+) -> None:
+    """Add ``node``'s gradients to its consumers' inputs; queue the consumers that have all theirs."""
+    given = Counter(id(grad) for grad in outputs if grad is not None)
+    for index, ((consumer, input_nr), grad) in enumerate(zip(node.next_functions, outputs)):
+        if consumer is None:
+            continue
+        buffer = buffers.get(consumer)
+        if buffer is None:
+            buffer = buffers[consumer] = [None] * max(1, len(consumer._input_metadata))
+        if grad is not None:
+            if given[id(grad)] > 1:  # one tensor given to two inputs: the engine would not steal it
+                shared.add(consumer)
+            grad = _validated(grad, consumer, input_nr, index, node)
+            buffer[input_nr] = grad if buffer[input_nr] is None else buffer[input_nr] + grad
+        dependencies[consumer] -= 1
+        if dependencies[consumer] == 0:
+            heapq.heappush(ready, (-consumer._sequence_nr(), next(order), consumer))
+
+
+def _dependencies(root: Any) -> dict[Any, int]:
+    """How many edges lead into each node reachable from ``root``."""
+    count: dict[Any, int] = {root: 0}
+    stack = [root]
+    while stack:
+        for consumer, _ in stack.pop().next_functions:
+            if consumer is None:
+                continue
+            if consumer not in count:
+                count[consumer] = 0
+                stack.append(consumer)
+            count[consumer] += 1
+    return count
+
+
+class _running:
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    def __enter__(self) -> None:
+        self.previous = _STATE.node
+        _STATE.node = self.node
+
+    def __exit__(self, *exc: object) -> None:
+        _STATE.node = self.previous
+
+
+def _call(node: Any, inputs: list[Any]) -> tuple[Any, ...]:
+    """The gradients ``node`` returns for its next edges, one per edge."""
+    forward_cls = getattr(node, "_forward_cls", None)
+    if forward_cls is None:  # a node of a built-in op (a C++ formula)
+        out = node(*inputs)
+        return out if isinstance(out, tuple) else (out,)
+    # a custom autograd.Function: its backward, with missing gradients made zeros (the default)
+    if getattr(forward_cls, "__name__", "") == "CheckpointFunction":
+        raise ProfileError(
+            "re-entrant activation checkpointing (torch.utils.checkpoint with use_reentrant=True) runs the autograd "
+            "engine itself, which an analytic CUDA-target run without a GPU cannot do; use use_reentrant=False"
+        )
+    if getattr(node, "materialize_grads", True):
+        inputs = [
+            torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device) if grad is None else grad
+            for grad, meta in zip(inputs, node._input_metadata)
+        ]
+    out = node.apply(*inputs)
+    out = out if isinstance(out, tuple) else (out,)
+    needed = [grad for grad, wanted in zip(out, node.needs_input_grad) if wanted]
+    edges = [i for i, (consumer, _) in enumerate(node.next_functions) if consumer is not None]
+    if len(needed) != len(edges):
+        raise ProfileError(f"the backward of {forward_cls.__name__} returned {len(out)} gradients for {len(node.needs_input_grad)} inputs")
+    grads: list[Any] = [None] * len(node.next_functions)
+    for i, grad in zip(edges, needed):
+        grads[i] = grad
+    return tuple(grads)
+
+
+def _validated(grad: torch.Tensor, consumer: Any, input_nr: int, index: int, producer: Any) -> torch.Tensor:
+    """``grad`` as the consumer's input expects it: the engine's ``validate_outputs``."""
+    metadata = consumer._input_metadata
+    if input_nr >= len(metadata):
+        return grad
+    meta = metadata[input_nr]
+    shape = tuple(meta.shape)
+    if tuple(grad.shape) != shape:
+        try:
+            grad = grad.sum_to_size(shape)
+        except RuntimeError as error:
+            raise ProfileError(
+                f"{producer.name()} returned a gradient of shape {tuple(grad.shape)} for output {index}, "
+                f"where {consumer.name()} expects {shape}"
+            ) from error
+    if grad.dtype != meta.dtype:
+        grad = grad.to(meta.dtype)
+    if grad.device != meta.device:
+        grad = grad.to(meta.device)
+    return grad
+
+
+def _accumulate(param: torch.Tensor, grad: torch.Tensor | None, stealable: bool) -> None:
+    """What ``AccumulateGrad`` does with ``grad`` for the leaf ``param``."""
+    for hook in (getattr(param, "_backward_hooks", None) or {}).values():
+        if grad is not None:
+            changed = hook(grad)
+            grad = changed if changed is not None else grad
+    if grad is None:
+        return
+    if param.grad is None:
+        if stealable and _obeys_layout(grad, param):
+            param.grad = grad.detach()  # stolen: the gradient becomes .grad without a copy
+        else:
+            param.grad = _in_layout_of(grad, param)
+    else:
+        param.grad += grad
+    for hook in (getattr(param, "_post_accumulate_grad_hooks", None) or {}).values():
+        hook(param)
+
+
+def _obeys_layout(grad: torch.Tensor, param: torch.Tensor) -> bool:
+    """The gradient layout contract: ``.grad`` has the parameter's strides (dense parameters) or is contiguous."""
+    if not _non_overlapping_and_dense(param):
+        return grad.is_contiguous()
+    for size, stride, wanted in zip(grad.shape, grad.stride(), param.stride()):
+        if size != 1 and stride != wanted:
+            return False
+        if size == 1 and stride == 0:
+            return False
+    return True
+
+
+def _in_layout_of(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    if _non_overlapping_and_dense(param):
+        return torch.empty_strided(param.shape, param.stride(), dtype=param.dtype, device=param.device).copy_(grad)
+    return grad.clone(memory_format=torch.contiguous_format)
+
+
+def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span exactly once, in some order of its dimensions."""
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -1,0 +1,105 @@
+"""The GPUs a profile can target (``profile(..., target="h100")``): what the engine needs to know of each.
+
+Figures are the vendors' datasheet figures for dense math (no structured sparsity):
+``memory_bytes`` is the memory the driver reports (``nvidia-smi``'s total, in MiB),
+``bandwidth`` the memory bandwidth in bytes/s, ``peak_flops`` the peak FLOP/s per
+dtype of the math the GPU runs for it (tensor cores for ``bfloat16``/``float16``/
+``float8``, and for ``tf32``; CUDA cores for ``float32`` and ``float64``),
+``compute_capability`` what ``torch.cuda.get_device_capability`` returns (it decides
+kernels: the attention backend, the cuBLAS workspace), and ``interconnect`` the
+GPU-to-GPU bandwidth per direction in bytes/s (NVLink, else PCIe).
+
+A GPU that is not in the table is a :class:`GPUSpec` of your own, passed as ``target=``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+MiB = 1 << 20
+T = 1e12
+G = 1e9
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model (see the module's notes for what each figure means)."""
+
+    name: str
+    memory_bytes: int
+    bandwidth: float  # bytes/s
+    peak_flops: Mapping[str, float] = field(hash=False)  # dtype name ("bfloat16", "tf32", ...) -> FLOP/s
+    sm_count: int
+    compute_capability: tuple[int, int]
+    interconnect: float = 0.0  # bytes/s per direction, GPU to GPU
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0 or self.bandwidth <= 0 or self.sm_count <= 0:
+            raise ValueError(f"GPUSpec {self.name!r}: memory_bytes, bandwidth and sm_count must be positive")
+        if len(self.compute_capability) != 2:
+            raise ValueError(f"GPUSpec {self.name!r}: compute_capability is (major, minor), got {self.compute_capability!r}")
+        object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+
+
+def _spec(name: str, mib: int, bandwidth: float, flops: dict[str, float], sms: int, cc: tuple[int, int], link: float) -> GPUSpec:
+    return GPUSpec(name, mib * MiB, bandwidth, {k: v * T for k, v in flops.items()}, sms, cc, link * G)
+
+
+_HOPPER = {"float64": 67, "float32": 67, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8": 1978.9}
+_AMPERE = {"float64": 19.5, "float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312}
+
+GPUS: Mapping[str, GPUSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            _spec("h100", 81559, 3.35e12, _HOPPER, 132, (9, 0), 450),  # H100 SXM5 80GB, NVLink 4
+            _spec(
+                "h100-pcie",
+                81559,
+                2.0e12,
+                {"float64": 51.2, "float32": 51.2, "tf32": 378, "bfloat16": 756, "float16": 756, "float8": 1513},
+                114,
+                (9, 0),
+                64,
+            ),
+            _spec("h200", 143771, 4.8e12, _HOPPER, 132, (9, 0), 450),  # H200 SXM 141GB
+            _spec("a100-80gb", 81920, 2.039e12, _AMPERE, 108, (8, 0), 300),  # A100 SXM4 80GB, NVLink 3
+            _spec("a100-40gb", 40960, 1.555e12, _AMPERE, 108, (8, 0), 300),
+            _spec(
+                "l4",
+                23034,
+                300e9,
+                {"float64": 0.47, "float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "float8": 242.5},
+                58,
+                (8, 9),
+                32,
+            ),
+            _spec("a10g", 23028, 600e9, {"float64": 0.98, "float32": 31.2, "tf32": 35, "bfloat16": 70, "float16": 70}, 80, (8, 6), 32),
+            _spec(
+                "rtx4090",
+                24564,
+                1008e9,
+                {"float64": 1.29, "float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2, "float8": 330.3},
+                128,
+                (8, 9),
+                32,
+            ),
+        )
+    }
+)
+ALIASES = MappingProxyType({"h100-sxm": "h100", "a100": "a100-80gb", "4090": "rtx4090"})
+
+
+def gpu_spec(target: str | GPUSpec) -> GPUSpec:
+    """The spec ``target`` names (case and ``_``/``-`` ignored), or ``target`` itself if it is one."""
+    if isinstance(target, GPUSpec):
+        return target
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a GPU name or a GPUSpec, got {type(target).__name__}")
+    key = target.strip().lower().replace("_", "-").replace(" ", "-")
+    key = ALIASES.get(key, key)
+    if key not in GPUS:
+        raise ValueError(f"unknown target GPU {target!r}: known are {', '.join(GPUS)} (or pass a GPUSpec)")
+    return GPUS[key]

@@ -1,0 +1,134 @@
+"""The backward pass run in Python (analytic CUDA targets) against PyTorch's autograd engine.
+
+On CPU fake tensors both can run: the same profile, run once with the engine and once
+with :func:`~pytest_modelprof.engine.backward.run_backward`, must give the same
+gradients' existence and layout, the same FLOPs per phase and operator, and the same
+memory over time (peak, breakdown, every category's maximum).
+"""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from pytest_modelprof import ProfileError, profile
+from pytest_modelprof.engine import workload as workload_module
+from pytest_modelprof.engine.backward import SavedTensors, run_backward
+
+
+@pytest.fixture
+def python_backward(monkeypatch):
+    """Every analytic run takes its backward pass through the Python executor."""
+    monkeypatch.setattr(workload_module.Workload, "python_backward", property(lambda self: self.fake_mode is not None))
+
+
+class Scale(torch.autograd.Function):
+    """A custom Function with a non-tensor argument between two tensor ones."""
+
+    @staticmethod
+    def forward(ctx, x, factor, y):
+        ctx.save_for_backward(x, y)
+        ctx.factor = factor
+        return x * y * factor
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y = ctx.saved_tensors
+        return grad * y * ctx.factor, None, grad * x * ctx.factor
+
+
+class Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.block = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+        self.gate = nn.Parameter(torch.ones(16))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x))).mean((2, 3))
+        x = x + checkpoint(self.block, x, use_reentrant=False)  # recomputed in the backward pass
+        x = Scale.apply(x, 2.0, self.gate.expand_as(x))
+        return self.head(x) + self.head(x * 0.5)  # a module used twice: its gradients are summed
+
+
+def figures(result):
+    memory = result.memory
+    ops = sorted((o.op, o.phase, o.calls, o.flops) for o in result.ops)
+    return (result.forward_flops, result.backward_flops, result.recompute_flops, result.optimizer_flops, ops), (
+        memory.peak_bytes,
+        memory.peak_phase,
+        memory.peak_breakdown,
+        memory.category_max,
+    )
+
+
+@pytest.mark.parametrize("optimizer", [None, "adamw"])
+def test_the_python_backward_pass_gives_the_engines_figures(monkeypatch, optimizer):
+    model = Mixed()
+    x = torch.randn(8, 3, 16, 16)
+
+    def run():
+        opt = torch.optim.AdamW(model.parameters(), foreach=False) if optimizer else None
+        return profile(model, x, train=True, device="meta", optimizer=opt)
+
+    engine = run()
+    monkeypatch.setattr(workload_module.Workload, "python_backward", property(lambda self: self.fake_mode is not None))
+    python = run()
+    assert figures(python) == figures(engine)
+    assert python.backward_flops > 0 and python.recompute_flops > 0
+
+
+def test_gradients_are_those_of_the_engine():
+    """Real tensors: the executor's gradients equal autograd's, value for value."""
+    torch.manual_seed(0)
+    model = Mixed().train()
+    x = torch.randn(4, 3, 8, 8)
+    model(x).square().sum().backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    saved = SavedTensors()
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        loss = model(x).square().sum()
+    run_backward(loss, saved)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], msg=name)
+        assert param.grad.stride() == param.stride()
+
+
+def test_what_a_node_saved_is_released_once_it_has_run():
+    saved = SavedTensors()
+    x = torch.randn(64, 64, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        y = torch.sin(x)  # saves x
+        z = torch.exp(y)  # saves its result
+        loss = z.sum()
+    assert sum(len(holders) for holders in saved._by_node.values()) == 2
+    run_backward(loss, saved)
+    assert not saved._by_node  # every holder emptied: the engine's release_variables
+    with pytest.raises(RuntimeError, match="a second time"):
+        run_backward(loss, saved)
+
+
+def test_hooks_on_leaves_run_and_hooks_it_cannot_run_are_refused(python_backward):
+    seen = []
+    model = nn.Linear(8, 8)
+    model.weight.register_hook(lambda g: seen.append("pre") or g * 2)
+    model.weight.register_post_accumulate_grad_hook(lambda p: seen.append("post"))
+    x = torch.randn(4, 8)
+    saved = SavedTensors()
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        loss = model(x).sum()
+    run_backward(loss, saved)
+    assert seen == ["pre", "post"]
+    torch.testing.assert_close(model.weight.grad, 2 * x.sum(0).expand(8, 8))
+
+    class Hooked(nn.Linear):
+        def forward(self, x):
+            out = super().forward(x)
+            out.register_hook(lambda g: g)
+            return out
+
+    with pytest.raises(ProfileError, match="non-leaf tensor"):
+        profile(Hooked(8, 8), x, train=True, target="h100")

@@ -1,0 +1,166 @@
+"""CUDA as the target from a CPU-only machine: the GPU table, CUDA's kernel choices, and whole
+analytic steps against the real H100 allocator figures in ../shared/gpu-truth."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_modelprof import GPUS, GPUSpec, profile
+from pytest_modelprof.engine.targets.gpus import gpu_spec
+from pytest_modelprof.engine.targets.kernels import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
+
+MiB = 1 << 20
+TRUTH = Path(__file__).resolve().parents[2] / "shared" / "gpu-truth"
+
+
+def test_the_gpu_table():
+    for name in ("h100", "h100-pcie", "h200", "a100-80gb", "a100-40gb", "l4", "a10g", "rtx4090"):
+        spec = GPUS[name]
+        assert spec.memory_bytes > 16 * 2**30 and spec.bandwidth > 1e11 and spec.sm_count > 0
+        assert spec.peak_flops["bfloat16"] > spec.peak_flops["float32"]
+    assert gpu_spec("H100_SXM") is GPUS["h100"] and gpu_spec("A100") is GPUS["a100-80gb"]
+    assert GPUS["h100"].compute_capability == (9, 0) and GPUS["a100-40gb"].compute_capability == (8, 0)
+    with pytest.raises(ValueError, match=r"unknown target GPU 'h1000'.*h100"):
+        gpu_spec("h1000")
+    with pytest.raises(ValueError, match="must be positive"):
+        GPUSpec("broken", 0, 1e12, {}, 10, (8, 0))
+
+
+def qkv(dtype, heads=8, head_dim=64, kv_heads=None):
+    q = torch.empty(2, heads, 128, head_dim, dtype=dtype, device="meta")
+    k = torch.empty(2, kv_heads or heads, 128, head_dim, dtype=dtype, device="meta")
+    return q, k, k
+
+
+@pytest.mark.parametrize(
+    ("gpu", "dtype", "extra", "backend"),
+    [
+        ("h100", torch.bfloat16, {}, CUDNN),  # measured: torch 2.11 on an H100 runs cuDNN attention
+        ("h100", torch.bfloat16, {"dropout_p": 0.1}, CUDNN),
+        ("a100-80gb", torch.bfloat16, {}, FLASH),  # cuDNN is preferred on sm_90 only
+        ("h100", torch.float32, {}, EFFICIENT),  # flash and cuDNN take half precision only
+        ("a100-80gb", torch.float16, {"attn_mask": torch.empty(128, 128, device="meta")}, EFFICIENT),  # flash: no mask
+    ],
+)
+def test_the_attention_backend_a_gpu_chooses(gpu, dtype, extra, backend):
+    assert sdp_backend(GPUS[gpu], *qkv(dtype), **extra) == backend
+
+
+def test_the_attention_backend_follows_the_users_switches_and_limits():
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16, head_dim=256)) == FLASH  # beyond cuDNN's 128
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16, kv_heads=2), enable_gqa=True) == FLASH
+    assert sdp_backend(GPUS["rtx4090"], *qkv(torch.float32, head_dim=30)) == MATH  # no kernel for that alignment
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION]):
+        assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16)) == EFFICIENT
+
+
+class Block(nn.Module):
+    def __init__(self, d=256, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out, self.norm = nn.Linear(d, 3 * d), nn.Linear(d, d), nn.LayerNorm(d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.out(y.transpose(1, 2).reshape(b, s, d))
+
+
+def test_a_training_step_on_a_target_gpu_runs_as_cuda_would_without_one():
+    model, x = Block(), torch.randn(4, 128, 256)
+    result = profile(model, x, train=True, autocast=torch.bfloat16, target="h100", optimizer=torch.optim.AdamW(model.parameters()))
+    assert result.target == "h100" and result.device == "cuda:0" and result.analytic
+    ops = {row.op for row in result.ops}
+    assert {"aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_cudnn_attention_backward"} <= ops
+    assert any(op.startswith("aten._foreach_") for op in ops)  # AdamW's CUDA default
+    memory = result.memory
+    assert memory.block_bytes == 512
+    assert memory.peak_breakdown["workspace"] == 33 * MiB  # cuBLAS (32 MiB on sm_90) and cuBLASLt's bf16 1 MiB
+    assert memory.peak_breakdown["gradients"] <= sum(p.numel() * 4 for p in model.parameters())
+    # the same step on CPU runs other kernels: attention as separate matmuls and softmax
+    cpu = profile(model, x, train=True, autocast=torch.bfloat16, device="meta")
+    assert "aten._scaled_dot_product_cudnn_attention" not in {row.op for row in cpu.ops}
+    assert result.fits is True and cpu.fits is None
+
+
+def test_what_does_not_fit_says_so():
+    # 4 layers of 8192 x 8192 in fp32 with AdamW: 4 * 256 MiB of weights, as much of
+    # gradients, twice as much of optimizer state: 4 GiB, over a made-up 3 GiB GPU
+    small = GPUSpec("tiny", 3 * 2**30, 1e11, {"float32": 1e12}, 10, (8, 0))
+    with torch.device("meta"):
+        model = nn.Sequential(*[nn.Linear(8192, 8192, bias=False) for _ in range(4)])
+    result = profile(model, torch.empty(8, 8192, device="meta"), train=True, optimizer=torch.optim.AdamW(model.parameters()), target=small)
+    assert result.memory.peak_bytes > 4 * 2**30
+    assert result.fits is False and result.target == "tiny"
+    assert profile(model, torch.empty(8, 8192, device="meta"), target="h100").fits is True
+
+
+def test_a_target_is_a_gpu():
+    with pytest.raises(Exception, match="target='h100' is a GPU"):
+        profile(nn.Linear(4, 4), torch.randn(2, 4), device="cpu", target="h100")
+
+
+# ../shared/gpu-truth: real allocator figures of an H100 --------------------------------
+
+# measured here (peak / max_memory_allocated, reserved / max_memory_reserved): what is not
+# yet within the issue's bounds (3% and 5%), and why
+OPEN = {
+    "resnet18-b64-train-fp32-sgdm": "peak 0.956: cuDNN convolution workspaces are not modelled yet",
+    "mlp8x4096-b8192-train-bf16-adamw": "peak 0.939, reserved 0.772",
+    "vit_b_16-b16-train-autocast_bf16-adamw": "peak 0.961",
+    "lstm2x1024-s256-b32-train-fp32-adam": "_cudnn_rnn has no fake CUDA kernel yet",
+}
+OPEN_RESERVED = {
+    "vit_b_16-b32-eval-bf16": "reserved 0.715: the fp32 weights converted to bf16 before the step leave cached segments",
+    "r3d_18-b8-eval-fp32": "reserved 0.739",
+}
+
+
+def _records():
+    path = TRUTH / "h100.json"
+    return {r["name"]: r for r in json.loads(path.read_text())} if path.exists() else {}
+
+
+def _workloads():
+    spec = importlib.util.spec_from_file_location("gpu_truth_capture", TRUTH / "capture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not (TRUTH / "h100.json").exists(), reason="../shared/gpu-truth is not beside this checkout")
+@pytest.mark.parametrize("name", sorted(_records()))
+def test_an_h100_step_from_a_cpu_only_machine(name):
+    if name in OPEN:
+        pytest.xfail(OPEN[name])
+    capture = _workloads()
+    build, make_x, train, dtype, autocast, opt_name = capture.SHARED[name]
+    with torch.device("meta"):
+        model = build()
+    if dtype is not None:
+        model = model.to(dtype)
+    optimizer = {
+        "sgdm": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+        "adamw": torch.optim.AdamW,
+        "adam": torch.optim.Adam,
+        None: lambda p: None,
+    }[opt_name](model.parameters())
+    result = profile(
+        model,
+        make_x("meta", dtype or torch.float32),
+        train=train,
+        optimizer=optimizer,
+        autocast=autocast,
+        target="h100",
+        loss_fn=capture.loss_of,
+    )
+    record = _records()[name]["steady_step"]
+    assert math.isclose(result.peak_memory_bytes, record["max_allocated"], rel_tol=0.03)
+    if name not in OPEN_RESERVED:
+        assert math.isclose(result.memory.estimates["reserved_bytes"], record["max_reserved"], rel_tol=0.05)
