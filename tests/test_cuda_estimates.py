@@ -11,7 +11,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pytest_modelprof import profile
-from pytest_modelprof.engine.targets.allocator import cublas_workspace_bytes, reserved_bytes
+from pytest_modelprof.engine.targets.allocator import cublas_workspace_bytes, reserved_bytes, workspace_bytes
 from pytest_modelprof.report.tables import format_memory_report
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -38,7 +38,10 @@ def test_cublas_workspace_from_its_configuration(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     assert cublas_workspace_bytes((8, 0)) == 4096 * KiB * 2 + 16 * KiB * 8  # torch's default before Hopper
     assert cublas_workspace_bytes((9, 0)) == 32 * MiB
-    assert cublas_workspace_bytes((9, 0), reduced_precision=True) == 33 * MiB  # cuBLASLt's own, measured on an H100
+    # per thread that ran products: the step's and the autograd engine's; cuBLASLt's 1 MiB for addmm
+    assert workspace_bytes((9, 0), [{"aten.addmm"}, set()]) == 33 * MiB  # inference with nn.Linear, measured on an H100
+    assert workspace_bytes((9, 0), [{"aten.addmm"}, {"aten.mm"}]) == 65 * MiB  # training, measured
+    assert workspace_bytes((9, 0), [{"aten.relu"}, set()]) == 0
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
     assert cublas_workspace_bytes((8, 0)) == (4096 + 16) * KiB
 
@@ -55,17 +58,19 @@ def on_fake_cuda(model, shape):
 
 def test_a_cuda_target_holds_the_cublas_workspace_and_reports_labelled_estimates_beside_its_peak(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:1")  # a 4 MiB workspace on any GPU
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "512")  # and cuBLASLt's of 512 kiB, for addmm
     model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
     x = on_fake_cuda(model, (64, 1024))
     memory = profile(model, x, no_grad=False).memory
-    # the workspace (4 MiB) and the 4 MiB weight share one 20 MiB segment; the rest, each at
+    # the workspaces (4.5 MiB) and the 4 MiB weight share one 20 MiB segment; the rest, each at
     # most 256 kiB (bias, second weight, input, activations), fits in one 2 MiB small segment
     assert memory.estimates == {"reserved_bytes": 22 * MiB, "cudnn_workspace_bytes": None, "cuda_context_bytes": None}
     # allocated bytes: the workspace is held through the whole step (an earlier step allocated it)
-    assert memory.peak_breakdown["workspace"] == memory.category_max["workspace"] == 4 * MiB
-    assert all(row[memory.categories.index("workspace")] == 4 * MiB for _, row in memory.timeline)
+    workspace = 4 * MiB + 512 * KiB
+    assert memory.peak_breakdown["workspace"] == memory.category_max["workspace"] == workspace
+    assert all(row[memory.categories.index("workspace")] == workspace for _, row in memory.timeline)
     weights = (1024 * 1024 + 1024 + 1024 * 10 + 10) * 4
-    assert 4 * MiB + weights < memory.peak_bytes < 4 * MiB + weights + MiB  # the estimates are not added in
+    assert workspace + weights < memory.peak_bytes < workspace + weights + MiB  # the estimates are not added in
     report = format_memory_report(profile(model, x, no_grad=False))
     assert "estimates for the CUDA process, not in the peak above:" in report
     assert "cuDNN workspace" in report and "not estimated" in report

@@ -74,3 +74,41 @@ def test_cells(cell, gates):
     result = profile(cell(I, H), torch.randn(N, I))
     assert result.uncounted == {}
     assert result.macs == N * gates * H * (I + H)
+
+
+# On a CUDA target the whole stack is one cuDNN kernel, aten._cudnn_rnn ------------------
+
+
+@pytest.mark.parametrize(
+    ("module", "gates"),
+    [
+        (lambda: nn.LSTM(I, H, num_layers=2, bidirectional=True), 4),
+        (lambda: nn.GRU(I, H, num_layers=2), 3),
+        (lambda: nn.RNN(I, H, nonlinearity="relu"), 1),
+    ],
+)
+def test_a_cuda_target_runs_the_stack_as_one_cudnn_kernel(module, gates):
+    rnn = module()
+    layers, directions = rnn.num_layers, 2 if rnn.bidirectional else 1
+    result = profile(rnn, torch.randn(T, N, I), train=True, target="h100")
+    assert {"aten._cudnn_rnn", "aten._cudnn_rnn_backward"} <= {op.op for op in result.ops}
+    assert result.uncounted == {}
+    assert result.op("aten._cudnn_rnn").calls == 1
+    assert result.forward_macs == recurrent_macs(gates, layers, directions)
+    assert result.backward_macs == 2 * result.forward_macs
+    # the same layers on the CPU, layer by layer or cell by cell: the same multiply-accumulates
+    assert result.forward_macs == profile(module(), torch.randn(T, N, I)).forward_macs
+
+
+def test_cudnns_lstm_reserve_as_measured_on_an_h100():
+    # ../shared/gpu-truth: _cudnn_rnn_backward's reserve for LSTM(512, 1024, 2 layers),
+    # batch 32, 256 steps, fp32 was a uint8 tensor of 369,099,008 bytes
+    from pytest_modelprof.engine.targets.kernels import reserve_bytes
+
+    assert reserve_bytes(2, seq=256, batch=32, hidden=1024, layers=2, directions=1, element=4) == 369_099_008
+    lstm = nn.LSTM(512, 1024, 2, batch_first=True)
+    result = profile(lstm, torch.randn(32, 256, 512), train=True, target="h100")
+    # what the backward pass keeps of the forward: the reserve (in 512-byte blocks), the output,
+    # and the initial hidden and cell states (the input is resident anyway)
+    output, state = 32 * 256 * 1024 * 4, 2 * 32 * 1024 * 4
+    assert result.memory.category_max["activations"] == -(-369_099_008 // 512) * 512 + output + 2 * state

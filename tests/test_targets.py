@@ -81,7 +81,9 @@ def test_a_training_step_on_a_target_gpu_runs_as_cuda_would_without_one():
     assert any(op.startswith("aten._foreach_") for op in ops)  # AdamW's CUDA default
     memory = result.memory
     assert memory.block_bytes == 512
-    assert memory.peak_breakdown["workspace"] == 33 * MiB  # cuBLAS (32 MiB on sm_90) and cuBLASLt's bf16 1 MiB
+    # cuBLAS's 32 MiB on sm_90 for the step's thread and for the autograd engine's, and cuBLASLt's 1 MiB
+    # for the forward's addmm: 65 MiB, as measured before a steady H100 training step
+    assert memory.peak_breakdown["workspace"] == 65 * MiB
     assert memory.peak_breakdown["gradients"] <= sum(p.numel() * 4 for p in model.parameters())
     # the same step on CPU runs other kernels: attention as separate matmuls and softmax
     cpu = profile(model, x, train=True, autocast=torch.bfloat16, device="meta")
@@ -111,14 +113,13 @@ def test_a_target_is_a_gpu():
 # measured here (peak / max_memory_allocated, reserved / max_memory_reserved): what is not
 # yet within the bounds (3% and 5%), and why
 OPEN = {
-    "resnet18-b64-train-fp32-sgdm": "peak 0.956: cuDNN convolution workspaces are not modelled yet",
-    "mlp8x4096-b8192-train-bf16-adamw": "peak 0.939, reserved 0.772",
-    "vit_b_16-b16-train-autocast_bf16-adamw": "peak 0.961",
-    "lstm2x1024-s256-b32-train-fp32-adam": "_cudnn_rnn has no fake CUDA kernel yet",
+    "mlp8x4096-b8192-train-bf16-adamw": "peak 0.939, reserved 0.772: 100 MiB of the backward pass unexplained",
+    "lstm2x1024-s256-b32-train-fp32-adam": "peak 0.718: cuDNN's RNN workspaces and its layout copies are not modelled",
 }
 OPEN_RESERVED = {
     "vit_b_16-b32-eval-bf16": "reserved 0.715: the fp32 weights converted to bf16 before the step leave cached segments",
-    "r3d_18-b8-eval-fp32": "reserved 0.739",
+    "r3d_18-b8-eval-fp32": "reserved 0.741",
+    "resnet18-b64-train-fp32-sgdm": "reserved 0.832",
 }
 
 

@@ -455,6 +455,38 @@ def mkldnn_rnn_layer_backward(
     return OpCost(2 * forward.flops, 2 * forward.macs)
 
 
+@_register("_cudnn_rnn")
+def cudnn_rnn(x: torch.Tensor, weights: list[torch.Tensor], weight_stride0: int, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # (input, weight, weight_stride0, weight_buf, hx, cx, mode, hidden_size, proj_size, num_layers, ...)
+    return _cudnn_rnn_cost(x, weights, weight_stride0, args[3])
+
+
+def _cudnn_rnn_cost(x: torch.Tensor, weights: list[torch.Tensor], weight_stride0: int, mode: int) -> OpCost:
+    """Every layer and direction of the whole stack in one call; the weights come in groups of
+    ``weight_stride0``: w_ih, w_hh (, b_ih, b_hh) (, w_hr)."""
+    steps_times_batch = x.numel() // x.shape[-1]
+    has_biases = weight_stride0 in (4, 5)
+    flops = macs = 0
+    for start in range(0, len(weights), weight_stride0):
+        w_ih, w_hh = weights[start], weights[start + 1]
+        cost = rnn_layer_cost(steps_times_batch, w_ih.shape[0], w_ih.shape[1], w_hh.shape[1], mode, has_biases)
+        flops, macs = flops + cost.flops, macs + cost.macs
+        if weight_stride0 in (3, 5):  # the projection of LSTM's hidden state (proj_size)
+            w_hr = weights[start + weight_stride0 - 1]
+            flops, macs = flops + 2 * steps_times_batch * w_hr.numel(), macs + steps_times_batch * w_hr.numel()
+    return OpCost(flops, macs)
+
+
+@_register("_cudnn_rnn_backward")
+def cudnn_rnn_backward(
+    x: torch.Tensor, weights: list[torch.Tensor], weight_stride0: int, *args: Any, out_val: Any = None, **__: Any
+) -> OpCost:
+    # (input, weight, weight_stride0, weight_buf, hx, cx, output, grad_output, grad_hy, grad_cy, mode, ...):
+    # as mkldnn_rnn_layer_backward, twice the forward
+    forward = _cudnn_rnn_cost(x, weights, weight_stride0, args[7])
+    return OpCost(2 * forward.flops, 2 * forward.macs)
+
+
 # ---------------------------------------------------------------- elementwise
 
 # FLOPs per output element of elementwise kernels (in-place variants share them).

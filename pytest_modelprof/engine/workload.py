@@ -133,6 +133,8 @@ class Workload:
                 stack.enter_context(torch.random.fork_rng(devices=cuda, device_type=self.target.type))
             else:
                 stack.enter_context(self.fake_mode)
+                if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
+                    stack.enter_context(CudaKernels(self.gpu))
             if tensors.optimizer is not None:
                 _create_state(tensors.optimizer)
             if not self.set_to_none:  # gradients zeroed in place are resident from the start, as in later steps
@@ -174,14 +176,8 @@ class Run:
         return torch.autocast(self.workload.target.type, dtype=dtype)
 
     def _target_modes(self) -> Any:
-        """For an analytic GPU-target run: the kernel choices of the target GPU, and (when the backward
-        pass runs in Python) the guard against hooks it cannot run."""
-        stack = contextlib.ExitStack()
-        if self.workload.analytic and self.workload.gpu is not None:
-            stack.enter_context(CudaKernels(self.workload.gpu))
-        if self.saved is not None:
-            stack.enter_context(HookGuard())
-        return stack
+        """When the backward pass runs in Python: the guard against the hooks it cannot run."""
+        return HookGuard() if self.saved is not None else contextlib.nullcontext()
 
     def _forward(self) -> Any:
         model, args, kwargs = self.workload.model, self.tensors.args, self.tensors.kwargs
@@ -190,7 +186,7 @@ class Run:
         return torch.func.functional_call(model, self._state, args, kwargs, tie_weights=True, strict=False)
 
     def step(self, region: Callable[[str], None] | None = None, tracker: ModuleTracker | None = None) -> Any:
-        """Run one step; its output. ``region`` hears the step move on (``"loss"``, ``"optimizer"``,
+        """Run one step; its output (None for a training step). ``region`` hears the step move on (``"loss"``, ``"optimizer"``,
         ``"end"``); ``tracker`` names the module an error came from."""
         workload = self.workload
         model = workload.model
@@ -202,7 +198,12 @@ class Run:
         except Exception as error:
             raise _model_error(model, tracker, error) from error
         if workload.train:
-            self._backward(output, region)
+            loss = self._loss(output, region)
+            # a training loop keeps the loss, not the output: the output lives on only if
+            # the loss function (or the graph) holds it
+            output = None
+            self._backward(loss, region)
+            del loss
         if region is not None:
             region("end")
         if workload.train and self.tensors.optimizer is None:
@@ -210,7 +211,7 @@ class Run:
                 tensor.grad = None
         return output
 
-    def _backward(self, output: Any, region: Callable[[str], None] | None) -> None:
+    def _loss(self, output: Any, region: Callable[[str], None] | None) -> torch.Tensor:
         workload = self.workload
         if region is not None:
             region("loss")
@@ -226,6 +227,10 @@ class Run:
             raise ProfileError(f"the loss must be a scalar tensor, got {shape}")
         if not loss.requires_grad:
             raise ProfileError("the loss does not depend on any parameter that requires grad: nothing to backpropagate")
+        return loss
+
+    def _backward(self, loss: torch.Tensor, region: Callable[[str], None] | None) -> None:
+        workload = self.workload
         try:
             if self.saved is not None:
                 run_backward(loss, self.saved)

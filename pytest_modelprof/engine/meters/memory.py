@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten
 from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Phase, Profile
 from ..fake import RunTensors
 from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
-from ..targets.allocator import CUBLAS_OPS, REDUCED_PRECISION, cublas_workspace_bytes, reserved_bytes
+from ..targets.allocator import CUBLAS_OPS, reserved_bytes, workspace_bytes
 from ..targets.gpus import GPUSpec
 from . import Meter, Op
 
@@ -52,7 +52,8 @@ class MemoryMeter(Meter):
     def __init__(self, round_to: int | None = None, gpu: GPUSpec | None = None) -> None:
         self._asked = round_to
         self._gpu = gpu
-        self.matmul_dtypes: set[torch.dtype] = set()  # CUDA targets: the dtypes of the matrix products that ran
+        # CUDA targets: the matrix products run by the step's thread and by the autograd engine's
+        self.matmuls: tuple[set[str], set[str]] = (set(), set())
         self._set_rounding(round_to or 1)
         self.live: dict[int, list[int]] = {}  # storage address -> [bytes, category]
         self.totals = [0] * len(CATEGORIES)
@@ -96,8 +97,8 @@ class MemoryMeter(Meter):
             self.track_all(op.out, GRADIENTS)  # what AccumulateGrad stores in .grad
         else:
             self.track_all(op.out, TEMPORARIES)
-        if self.events is not None and op.name in CUBLAS_OPS and isinstance(op.out, torch.Tensor):
-            self.matmul_dtypes.add(op.out.dtype)
+        if self.events is not None and op.name in CUBLAS_OPS:
+            self.matmuls[op.phase in ("backward", "recompute")].add(op.name)
         self.sample(op.phase, op.key)
         key = (op.phase, op.key, op.name)
         row = self.op_bytes.get(key)
@@ -233,14 +234,12 @@ class MemoryMeter(Meter):
             row.allocated_bytes += allocated
 
     def _workspace_bytes(self) -> int:
-        """The cuBLAS workspaces of the step: resident in a steady step once a matrix product has run."""
-        if not self.matmul_dtypes:
-            return 0
+        """The cuBLAS workspaces of the step: resident in a steady step (see :func:`..targets.allocator.workspace_bytes`)."""
         if self._target is not None and self._target.type == "cuda" and torch.cuda.is_available() and self._gpu is None:
             capability = torch.cuda.get_device_capability(self._target)
         else:
             capability = self._gpu.compute_capability if self._gpu is not None else (0, 0)
-        return cublas_workspace_bytes(capability, reduced_precision=bool(self.matmul_dtypes & REDUCED_PRECISION))
+        return workspace_bytes(capability, list(self.matmuls))
 
     def _add_workspace(self, workspace: int) -> None:
         """Workspace allocated before the step (in an earlier one) and held: a constant under the whole timeline."""

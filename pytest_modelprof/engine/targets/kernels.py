@@ -13,15 +13,30 @@ answered here from the target's :class:`~.gpus.GPUSpec`:
   constraints the call meets. On compute capability 9.0 and 10.0 cuDNN comes first
   (``TORCH_CUDNN_SDPA_PREFERRED``, on by default; measured: torch 2.11 on an H100 runs
   cuDNN attention for bfloat16 heads of 64, with and without dropout).
+- **recurrent layers** (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``): CUDA runs them as one cuDNN
+  kernel, ``aten._cudnn_rnn``, chosen (with its dropout state) by code that needs a device;
+  :func:`recurrent` calls it as that code does, and :class:`CudnnRnn` gives the op and its
+  backward the outputs cuDNN gives them, with the training *reserve* (what cuDNN keeps for
+  the backward pass) sized as ``cudnnGetRNNTrainingReserveSize`` sized it for an LSTM on an
+  H100 (per step and sequence: each layer's four gates and cell state, and the output of
+  every layer but the last: 369,099,008 bytes for 2 layers of 1024, 256 steps of 32, fp32;
+  GRU and plain RNN by the same structure, unmeasured). The weights' gradients come in one
+  buffer, as cuDNN writes them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
+import weakref
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..backward import in_backward
 from .gpus import GPUSpec
 
 MATH, FLASH, EFFICIENT, CUDNN = 0, 1, 2, 3  # torch.nn.attention.SDPBackend's values
@@ -124,11 +139,22 @@ class CudaKernels:
 
     def __enter__(self) -> CudaKernels:
         self._stock = F.scaled_dot_product_attention
+        self._exits = contextlib.ExitStack()
         F.scaled_dot_product_attention = self.attention
+        self._exits.callback(setattr, F, "scaled_dot_product_attention", self._stock)
+        for name, mode in RNN_MODES.items():
+            stock = getattr(torch._VF, name)
+            setattr(torch._VF, name, recurrent(stock, mode))
+            self._exits.callback(delattr, torch._VF, name)
+        self._exits.enter_context(CudnnRnn())
+        # nn.LSTM's flatten_parameters() reads data pointers of CUDA weights (fake ones: all
+        # alike, so it keeps the weights as they are); FakeTensor warns of that read
+        self._exits.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor", category=UserWarning)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        F.scaled_dot_product_attention = self._stock
+        self._exits.close()
 
     def attention(
         self,
@@ -160,3 +186,110 @@ class CudaKernels:
             return self._stock(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         output: torch.Tensor = out[0]
         return output
+
+
+RNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  # cuDNN's modes
+_GATES = {0: 1, 1: 1, 2: 4, 3: 3}
+RESERVE_ALIGNMENT = 256
+
+
+def recurrent(stock: Any, mode: int) -> Any:
+    """``torch._VF.lstm`` (and its kin) as CUDA runs them on fake CUDA tensors: ``aten._cudnn_rnn``."""
+
+    def run(input: torch.Tensor, *args: Any) -> Any:
+        if input.device.type != "cuda" or (isinstance(args[0], torch.Tensor) and args[0].dim() == 1):
+            return stock(input, *args)  # not CUDA, or a packed sequence (batch sizes first)
+        hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first = args
+        h, c = (hx if mode == 2 else (hx, None)) if isinstance(hx, (tuple, list)) else (hx, None)
+        hidden = c.shape[-1] if c is not None else h.shape[-1]
+        proj = h.shape[-1] if c is not None and h.shape[-1] != hidden else 0
+        stride0 = (4 if has_biases else 2) + (1 if proj else 0)
+        output, hy, cy, _, _ = aten._cudnn_rnn(
+            input, params, stride0, None, h, c, mode, hidden, proj, num_layers, batch_first, dropout, train, bidirectional, [], None
+        )
+        return (output, hy, cy) if mode == 2 else (output, hy)
+
+    return run
+
+
+def reserve_bytes(mode: int, seq: int, batch: int, hidden: int, layers: int, directions: int, element: int) -> int:
+    """cuDNN's training reserve for a recurrent layer (see the module's notes)."""
+    per_step = directions * (layers * (_GATES[mode] + (1 if mode == 2 else 0)) + (layers - 1)) * hidden
+    return seq * batch * per_step * element + RESERVE_ALIGNMENT
+
+
+class CudnnRnn(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Outputs of ``aten._cudnn_rnn`` and its backward as cuDNN makes them (fake tensors only).
+
+    The backward node clones the reserve unless the engine has told it that its saved
+    tensors will be released (``will_release_variables``, which the Python backward pass
+    cannot call): that clone of a reserve is answered with the reserve itself.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._reserves: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is aten._cudnn_rnn.default:
+            out = self._forward(*args, **kwargs)
+            self._reserves[id(out[3])] = out[3]
+            return out
+        if func is aten._cudnn_rnn_backward.default:
+            return self._backward(*args, **kwargs)
+        if func is aten.clone.default and self._reserves.get(id(args[0])) is args[0] and in_backward():
+            return args[0]
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _forward(
+        input: torch.Tensor,
+        weight: list[torch.Tensor],
+        weight_stride0: int,
+        weight_buf: torch.Tensor | None,
+        hx: torch.Tensor,
+        cx: torch.Tensor | None,
+        mode: int,
+        hidden_size: int,
+        proj_size: int,
+        num_layers: int,
+        batch_first: bool,
+        dropout: float,
+        train: bool,
+        bidirectional: bool,
+        batch_sizes: list[int],
+        dropout_state: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, ...]:
+        directions = 2 if bidirectional else 1
+        batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
+        out = proj_size or hidden_size
+        output = input.new_empty((batch, seq, out * directions) if batch_first else (seq, batch, out * directions))
+        hy = hx.new_empty((num_layers * directions, batch, out))
+        cy = cx.new_empty((num_layers * directions, batch, hidden_size)) if cx is not None else input.new_empty(0)
+        size = reserve_bytes(mode, seq, batch, hidden_size, num_layers, directions, input.element_size()) if train else 0
+        reserve = input.new_empty(size, dtype=torch.uint8)
+        return output, hy, cy, reserve, weight_buf if weight_buf is not None else input.new_empty(0)
+
+    @staticmethod
+    def _backward(
+        input: torch.Tensor,
+        weight: list[torch.Tensor],
+        weight_stride0: int,
+        weight_buf: torch.Tensor,
+        hx: torch.Tensor,
+        cx: torch.Tensor | None,
+        *rest: Any,
+    ) -> tuple[Any, ...]:
+        output_mask = rest[-1]
+        grad_input = torch.empty_like(input) if output_mask[0] else None
+        grad_hx = torch.empty_like(hx) if output_mask[1] else None
+        grad_cx = torch.empty_like(cx) if output_mask[2] and cx is not None else None
+        grad_weights: list[torch.Tensor] = []
+        if output_mask[3]:
+            flat = input.new_empty(sum(w.numel() for w in weight), dtype=weight[0].dtype)  # one buffer, as cuDNN writes it
+            offset = 0
+            for w in weight:
+                grad_weights.append(flat[offset : offset + w.numel()].view(w.shape))
+                offset += w.numel()
+        return grad_input, grad_hx, grad_cx, grad_weights
