@@ -34,12 +34,12 @@ def main() -> None:
     with torch.device("meta"):
         model = Llama(LlamaConfig.llama_7b())
     tokens = torch.randint(0, 32000, (1, SEQUENCE))
-    print(f"Llama-style 7B ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters), AdamW, bf16 autocast, sequence {SEQUENCE}")
+    print(
+        f"Llama-style 7B ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters), AdamW, bf16 autocast, sequence {SEQUENCE}"
+    )
     for target in options.targets.split(","):
         start = time.perf_counter()
-        result = profile(
-            model, tokens, train=True, autocast=torch.bfloat16, optimizer=torch.optim.AdamW(model.parameters()), target=target
-        )
+        result = profile(model, tokens, train=True, autocast=torch.bfloat16, optimizer=torch.optim.AdamW(model.parameters()), target=target)
         seconds = time.perf_counter() - start
         memory = result.memory
         parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in memory.peak_breakdown.items() if v)

@@ -7,6 +7,10 @@ names all read :data:`METRICS`; a new metric is a new row here. Each key carries
 Budget files use decimal units: 1 GFLOPs = 10^9 FLOPs, 1 MB = 10^6 bytes,
 1 ms = 10^-3 s. Parameters are a plain count.
 
+Memory ceilings can be tables per target GPU: ``max_peak_memory_mb = { h100 = 4200, l4 = 20000 }``
+holds a profile made with ``target="h100"`` to 4200 MB; a key may also be a device kind
+(``cpu``, ``cuda``) for profiles without a target.
+
 Latency is measured with a calibration workload timed next to the model (see
 :mod:`pytest_modelprof.engine.timing`); ``calibration_ms`` is recorded beside each
 latency baseline so that a later run can be compared at the baseline's machine speed.
@@ -46,6 +50,7 @@ class Metric:
     default_tolerance: Tolerance
     read: Callable[[Profile], float | None]  # the raw figure (FLOPs, bytes, seconds); None: not measured
     per_device: bool = False  # measured on a machine: ceilings per device kind, baselines per machine
+    per_target: bool = False  # ceilings may be a table per target GPU (profile(target=)) or device kind
     limited: bool = True  # False: a reference recorded with the baselines, never checked itself
     column: str = ""  # its column in the end-of-session summary ("": none)
     column_digits: int = 4  # significant digits shown there
@@ -108,8 +113,8 @@ METRICS: dict[str, Metric] = {
     for m in (
         Metric("gflops", "GFLOPs", 1e9, 9, _percent(0), lambda p: p.flops if p.flops_counted else None, column="GFLOPs"),
         Metric("params", "params", 1, 0, _percent(0), lambda p: p.params, column="params"),
-        Metric("peak_activation_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_activation_bytes),
-        Metric("peak_memory_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_memory_bytes, column="peak MB"),
+        Metric("peak_activation_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_activation_bytes, per_target=True),
+        Metric("peak_memory_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_memory_bytes, per_target=True, column="peak MB"),
         Metric(
             "latency_ms",
             "ms",
@@ -146,6 +151,12 @@ CONFIDENCE = 0.95  # of the interval a latency must lie wholly beyond to pass or
 def device_kind(profile: Profile) -> str:
     """``"cpu"`` or ``"cuda"``: the key of per-device ceilings such as ``max_latency_ms``."""
     return profile.device.partition(":")[0]
+
+
+def target_key(profile: Profile) -> str:
+    """The key of per-target ceilings such as ``max_peak_memory_mb = { h100 = 4200 }``: the
+    target GPU's name (``profile(target=)``), else the device kind."""
+    return profile.target or device_kind(profile)
 
 
 TIMED = tuple(key for key, metric in METRICS.items() if metric.timing is not None)  # a budget of these asks for a timed run

@@ -41,6 +41,7 @@ PROFILE_OPTIONS = (
     "flops",
     "formulas",
     "meters",
+    "target",
 )
 LATENCY_MODES = ("auto", "all", "none")
 
@@ -155,7 +156,9 @@ class ModelProfiler:
         timing: Timing | None = None,
         full_trace: bool = False,
         formulas: dict[Any, Any] | None = None,
+        device: str | None = None,
     ) -> None:
+        self._device = device  # --modelprof-device: where profiles run unless the test says
         self._full_trace = full_trace
         self._formulas = formulas or {}
         self._state = state
@@ -182,6 +185,8 @@ class ModelProfiler:
         # FLOP formulas: the hooks' (conftest files' and plugins'), the marker's, the call's; the last wins an op
         formulas = {**self._formulas, **(self._defaults.get("formulas") or {}), **(options.get("formulas") or {})}
         options = {**self._defaults, **options, "formulas": formulas}
+        if self._device and options.get("device") is None and options.get("target") is None:
+            options["device"] = self._device  # --modelprof-device; a target GPU says where it runs itself
         options["latency"] = self._timed(name, options)
         try:
             with warnings.catch_warnings():
@@ -224,6 +229,8 @@ class ModelProfiler:
         """What to pass as ``latency=``, by the test's request, the budget and ``--modelprof-latency``."""
         if self._latency == "none" or str(options.get("device", "")) == "meta":
             return False
+        if options.get("target") is not None and str(options.get("device", "")) != "cuda":
+            return False  # an analytic GPU-target run: nothing runs to time
         if "latency" in options:
             return self._timing if options["latency"] is True else options["latency"]
         if self._latency == "all":
@@ -279,9 +286,6 @@ def model_profile(request: pytest.FixtureRequest) -> ModelProfiler:
     is checked against the budget files; a profile over budget fails the test.
     """
     defaults: dict[str, Any] = {}
-    device = option(request.config, "device")
-    if device:
-        defaults["device"] = device
     marker = request.node.get_closest_marker("modelprof")
     if marker is not None:
         if marker.args:
@@ -298,6 +302,7 @@ def model_profile(request: pytest.FixtureRequest) -> ModelProfiler:
         timing,
         full_trace=bool(request.config.option.fulltrace) or request.config.option.tbstyle == "native",
         formulas=_hooked_formulas(request.node),
+        device=option(request.config, "device") or None,
     )
 
 

@@ -104,3 +104,30 @@ def test_default_tolerances_apply_when_a_budget_gives_none(tmp_path):
     over = check(measured(peak=102.1e6, latency=0.0111), "net", budget)
     assert {f.limit for f in over.regressions} == {"baseline.peak_memory_mb", "baseline.latency_ms.cpu: test machine"}
     assert "allowed 102 MB (baseline 100 MB + 2%)" in over.regressions[0].message()
+
+
+PER_TARGET = """\
+[profiles."net"]
+max_peak_memory_mb = { h100 = 4200.0, l4 = 2000.0, cpu = 500.0 }
+"""
+
+
+def on_target(target, peak):
+    profile = measured(device="cuda:0" if target else "cpu", peak=peak)
+    profile.target = target
+    return profile
+
+
+def test_memory_ceilings_per_target_gpu(tmp_path):
+    (tmp_path / "b.toml").write_text(PER_TARGET)
+    budget = load_budgets(tmp_path).profiles["net"]
+    assert check(on_target("h100", 4100e6), "net", budget).status == OK
+    verdict = check(on_target("l4", 4100e6), "net", budget)
+    assert verdict.status == REGRESSED
+    assert verdict.regressions[0].message().startswith("peak_memory_mb: measured 4,100 MB, allowed 2,000 MB (max_peak_memory_mb)")
+    assert check(on_target(None, 499e6), "net", budget).status == OK  # no target: the device kind's ceiling
+    assert check(on_target(None, 501e6), "net", budget).status == REGRESSED
+    # a target the table does not name is not checked, and the verdict says so
+    unnamed = check(on_target("a100-80gb", 9e9), "net", budget)
+    assert unnamed.status == OK
+    assert any("max_peak_memory_mb: no ceiling for a100-80gb (given for cpu, h100, l4): not checked" in note for note in unnamed.notes)

@@ -120,3 +120,25 @@ def test_a_run_without_update_never_changes_budget_files(project):
     project.runpytest().assert_outcomes(failed=1)
     assert path.read_bytes() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["test_models.toml"]
+
+
+def test_a_memory_ceiling_per_target_gpu_gates_a_cuda_step_on_a_cpu_only_runner(pytester):
+    pytester.makepyfile(
+        test_gpu="""
+        import torch
+
+        def test_step(model_profile):
+            model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+            result = model_profile(model, torch.randn(64, 512), train=True, target="h100",
+                                   optimizer=torch.optim.AdamW(model.parameters()))
+            assert result.target == "h100" and result.analytic
+        """
+    )
+    (pytester.path / "budgets").mkdir()
+    # the step holds 65 MiB of cuBLAS workspaces on an H100: over a 50 MB ceiling for it, under one for L4
+    (pytester.path / "budgets" / "gpu.toml").write_text(
+        '[profiles."test_gpu.py::test_step"]\nmax_peak_memory_mb = { h100 = 50.0, l4 = 500.0 }\n'
+    )
+    result = pytester.runpytest("-p", "pytest_modelprof", "--modelprof-device=cpu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*peak_memory_mb: measured *MB, allowed 50 MB (max_peak_memory_mb)*[[]budgets/gpu.toml:2[]]"])

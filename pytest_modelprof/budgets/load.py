@@ -196,9 +196,9 @@ def _read_profile(path: Path, name: str, table: Any, lines: dict[tuple[str, ...]
             _read_tolerances(path, value, budget, line)
         elif key.startswith("max_") and key[4:] in LIMITED:
             metric = LIMITED[key[4:]]
-            if metric.per_device and isinstance(value, dict):
+            if (metric.per_device or metric.per_target) and isinstance(value, dict):
                 for device, limit in value.items():
-                    if device not in DEVICES:
+                    if metric.per_device and device not in DEVICES:
                         _unknown(path, line(key, device), device, list(DEVICES), f"in {key}")
                     budget.device_ceilings.setdefault(metric.key, {})[device] = _number(path, line(key, device), f"{key}.{device}", limit)
             else:
