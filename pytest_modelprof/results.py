@@ -274,6 +274,7 @@ class Profile:
     backward_macs: int = 0
     recompute_macs: int = 0
     optimizer_macs: int = 0
+    skipped_flops: int = 0  # of the FLOPs above, those causal attention kernels skip (see useful_flops)
     params: int = 0
     trainable_params: int = 0
     buffers: int = 0
@@ -300,6 +301,11 @@ class Profile:
     @property
     def flops(self) -> int:
         return self.forward_flops + self.loss_flops + self.backward_flops + self.recompute_flops + self.optimizer_flops
+
+    @property
+    def useful_flops(self) -> int:
+        """The FLOPs without the masked scores that causal attention kernels skip (``skipped_flops``)."""
+        return self.flops - self.skipped_flops
 
     @property
     def gflops(self) -> float:
@@ -348,7 +354,12 @@ class Profile:
         data = dataclasses.asdict(dataclasses.replace(self, profiler_events=None))
         del data["profiler_events"]
         data.update(
-            flops=self.flops, macs=self.macs, model_size_bytes=self.model_size_bytes, flops_per_second=self.flops_per_second, fits=self.fits
+            flops=self.flops,
+            useful_flops=self.useful_flops,
+            macs=self.macs,
+            model_size_bytes=self.model_size_bytes,
+            flops_per_second=self.flops_per_second,
+            fits=self.fits,
         )
         return data
 

@@ -172,3 +172,35 @@ def test_packed_kernel_without_sequence_lengths_is_uncounted():
 
     result = profile(Packed(), packed, device="meta")
     assert result.uncounted == {"aten._flash_attention_forward": 1}
+
+
+class Sdpa(nn.Module):
+    def forward(self, q, k, v):
+        return scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize(("s_q", "s_k"), [(16, 16), (16, 24), (24, 16)])
+def test_causal_attention_reports_the_scores_it_skips(s_q, s_k):
+    from pytest_modelprof.engine.formulas import causal_scores
+
+    kept = int(torch.ones(s_q, s_k).tril().sum())  # the mask is_causal=True applies
+    assert causal_scores(s_q, s_k) == kept
+    q = torch.randn(B, H, s_q, D, requires_grad=True)
+    k, v = (torch.randn(B, H, s_k, D, requires_grad=True) for _ in range(2))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        result = profile(Sdpa(), (q, k, v), train=True)
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" in {row.op for row in result.ops}
+    skipped = B * H * (s_q * s_k - kept)
+    forward = 2 * D * 2 + 1 + 5  # per score: Q K^T and P V MACs, scaling, softmax
+    backward = 2 * (3 * D + 2 * D) + 2 + 4  # per score: recompute, dV, dP, dQ, dK; softmax recompute and backward
+    assert result.skipped_flops == skipped * (forward + backward)
+    assert result.useful_flops == result.flops - result.skipped_flops
+    dense = profile(Sdpa(), (q, k, v), train=True)
+    assert dense.flops == result.flops  # the dense count is unchanged
+
+
+def test_causal_attention_on_a_cuda_target_reports_its_skipped_scores_too():
+    q = torch.randn(B, H, 64, 64, dtype=torch.bfloat16)
+    result = profile(Sdpa(), (q, q, q), target="h100")
+    assert "aten._scaled_dot_product_cudnn_attention" in {row.op for row in result.ops}
+    assert result.skipped_flops == B * H * (64 * 64 - 64 * 65 // 2) * (2 * 64 * 2 + 1 + 5)

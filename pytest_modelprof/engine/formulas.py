@@ -21,7 +21,10 @@ Counting convention (the README's "How FLOPs are counted" repeats it for users):
   upsampling, embedding lookups) and tensor creation (including random numbers)
   cost 0 FLOPs; they are still listed in the operator table.
 * Convolutions and pooling count every window position, padding included.
-  Causal attention counts the full score matrix, as the dense kernels compute it.
+  Causal attention counts the full score matrix, as the dense kernels compute it; the
+  fused kernels called with ``is_causal=True`` skip the masked scores, and those FLOPs
+  are also reported apart (``OpCost.skipped``, ``Profile.skipped_flops``), so that
+  ``Profile.useful_flops`` counts only the scores computed.
 
 Each formula takes the op's arguments as the op received them, plus ``out_val``
 (the op's output), and returns an :class:`OpCost`, a plain ``int`` (FLOPs, no
@@ -44,10 +47,15 @@ aten = torch.ops.aten
 
 
 class OpCost(NamedTuple):
-    """The cost of one op call: FLOPs, and the MACs among them (``flops >= 2 * macs``)."""
+    """The cost of one op call: FLOPs, and the MACs among them (``flops >= 2 * macs``).
+
+    ``skipped``: of those FLOPs, the ones the kernel does not do though the dense count
+    includes them (causal attention's masked scores); the profile's ``useful_flops``
+    leaves them out."""
 
     flops: int
     macs: int = 0
+    skipped: int = 0
 
 
 Formula = Callable[..., "OpCost | int | None"]
@@ -275,30 +283,63 @@ def _attention_backward(scores: int, outputs: int, d_qk: int, d_v: int) -> OpCos
     return OpCost(2 * macs + scores * (2 + SOFTMAX_BACKWARD_FLOPS) + 2 * outputs, macs)
 
 
-@_register(
+def causal_scores(s_q: int, s_k: int) -> int:
+    """Scores a causal mask keeps of an ``s_q x s_k`` matrix: query ``i`` sees keys ``0..i``
+    (``torch.ones(s_q, s_k).tril()``, as ``scaled_dot_product_attention(is_causal=True)``)."""
+    if s_q <= s_k:
+        return s_q * (s_q + 1) // 2
+    return s_k * (s_k + 1) // 2 + (s_q - s_k) * s_k
+
+
+def _is_causal(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """The call's ``is_causal`` argument, found by the op's schema (its position differs per kernel)."""
+    if "is_causal" in kwargs:
+        return bool(kwargs["is_causal"])
+    names = [a.name for a in packet.default._schema.arguments]
+    index = names.index("is_causal") if "is_causal" in names else -1
+    return 0 <= index < len(args) and bool(args[index])
+
+
+def _sdpa(packet: Any) -> Formula:
+    def formula(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+        masked = kwargs.get("attn_mask") is not None or kwargs.get("attn_bias") is not None
+        masked = masked or any(isinstance(a, torch.Tensor) for a in args)
+        cost = attention_cost(q.shape, k.shape, v.shape, masked)
+        if not _is_causal(packet, (q, k, v, *args), kwargs):
+            return cost
+        s_q, s_k = q.shape[-2], k.shape[-2]
+        per_score = cost.flops // (math.prod(q.shape[:-2]) * s_q * s_k)
+        return cost._replace(skipped=per_score * math.prod(q.shape[:-2]) * (s_q * s_k - causal_scores(s_q, s_k)))
+
+    return formula
+
+
+def _sdpa_backward(packet: Any) -> Formula:
+    def formula(
+        grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any
+    ) -> OpCost:
+        cost = attention_backward_cost(q.shape, k.shape, v.shape)
+        if not _is_causal(packet, (grad_out, q, k, v, *args), kwargs):
+            return cost
+        s_q, s_k, d_qk, d_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+        rows = math.prod(q.shape[:-2])
+        per_score = 2 * (3 * d_qk + 2 * d_v) + 2 + SOFTMAX_BACKWARD_FLOPS
+        return cost._replace(skipped=per_score * rows * (s_q * s_k - causal_scores(s_q, s_k)))
+
+    return formula
+
+
+for _name in (
     "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_fused_attention_overrideable",
-)
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
-    masked = kwargs.get("attn_mask") is not None or kwargs.get("attn_bias") is not None
-    masked = masked or any(isinstance(a, torch.Tensor) for a in args)
-    return attention_cost(q.shape, k.shape, v.shape, masked)
-
-
-@_register(
-    "_scaled_dot_product_flash_attention_for_cpu_backward",
-    "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_cudnn_attention_backward",
-    "_scaled_dot_product_fused_attention_overrideable_backward",
-)
-def sdpa_backward(
-    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any, out_val: Any = None, **__: Any
-) -> OpCost:
-    return attention_backward_cost(q.shape, k.shape, v.shape)
+):
+    if _op(_name) is not None:
+        _set(_name, _sdpa(_op(_name)))
+        if _op(f"{_name}_backward") is not None:
+            _set(f"{_name}_backward", _sdpa_backward(_op(f"{_name}_backward")))
 
 
 def _has_values(t: torch.Tensor) -> bool:

@@ -101,17 +101,18 @@ def _as_cost(value: Any, op: Any) -> OpCost | None:
     raise FormulaError(f"the FLOP formula for {op} returned {value!r}; expected an int, OpCost(flops, macs) or None")
 
 
-def _accumulate(rows: dict[Any, list[int]], key: Any, calls: int, flops: int, macs: int) -> None:
+def _accumulate(rows: dict[Any, list[int]], key: Any, calls: int, flops: int, macs: int, skipped: int) -> None:
     row = rows.get(key)
     if row is None:
-        rows[key] = [calls, flops, macs]
+        rows[key] = [calls, flops, macs, skipped]
     else:
         row[0] += calls
         row[1] += flops
         row[2] += macs
+        row[3] += skipped
 
 
-# op name -> [calls, flops, macs], and uncounted op name -> calls: what a memo replays
+# op name -> [calls, flops, macs, skipped], and uncounted op name -> calls: what a memo replays
 Recording = tuple[dict[str, list[int]], Counter[str]]
 
 
@@ -122,7 +123,7 @@ class FlopMeter(Meter):
 
     def __init__(self, formulas: FormulaTable | None = None) -> None:
         self.formulas = formulas or FormulaTable()
-        self.tally: dict[tuple[Phase, StackKey, str], list[int]] = {}  # (phase, stack, op) -> [calls, flops, macs]
+        self.tally: dict[tuple[Phase, StackKey, str], list[int]] = {}  # (phase, stack, op) -> [calls, flops, macs, skipped]
         self.uncounted: Counter[str] = Counter()
         self._resolved: dict[Any, tuple[Formula | None, bool]] = {}  # func -> (formula, moves data only)
         self._capture: Recording | None = None
@@ -154,9 +155,9 @@ class FlopMeter(Meter):
                 self._uncounted(op.name)
                 return
             cost = counted
-        _accumulate(self.tally, (op.phase, op.key, op.name), 1, cost.flops, cost.macs)
+        _accumulate(self.tally, (op.phase, op.key, op.name), 1, cost.flops, cost.macs, cost.skipped)
         if self._capture is not None:
-            _accumulate(self._capture[0], op.name, 1, cost.flops, cost.macs)
+            _accumulate(self._capture[0], op.name, 1, cost.flops, cost.macs, cost.skipped)
 
     def _uncounted(self, name: str) -> None:
         self.uncounted[name] += 1
@@ -174,8 +175,8 @@ class FlopMeter(Meter):
 
     def replay(self, recording: Recording, phase: Phase, key: StackKey) -> None:
         rows, uncounted = recording
-        for name, (calls, flops, macs) in rows.items():
-            _accumulate(self.tally, (phase, key, name), calls, flops, macs)
+        for name, (calls, flops, macs, skipped) in rows.items():
+            _accumulate(self.tally, (phase, key, name), calls, flops, macs, skipped)
         self.uncounted.update(uncounted)
 
     # the profile -------------------------------------------------------------------
@@ -184,7 +185,8 @@ class FlopMeter(Meter):
         profile.uncounted = dict(sorted(self.uncounted.items()))
         profile.flops_counted = True
         ops: dict[tuple[str, str], OpStats] = {}
-        for (phase, key, name), (calls, flops, macs) in self.tally.items():
+        for (phase, key, name), (calls, flops, macs, skipped) in self.tally.items():
+            profile.skipped_flops += skipped
             setattr(profile, f"{phase}_flops", getattr(profile, f"{phase}_flops") + flops)
             setattr(profile, f"{phase}_macs", getattr(profile, f"{phase}_macs") + macs)
             row = ops.setdefault((name, phase), OpStats(name, phase))

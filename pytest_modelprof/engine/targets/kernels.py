@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..backward import in_backward
@@ -123,6 +124,22 @@ def _fits(
     )
 
 
+class _Attention(TorchFunctionMode):
+    """Calls of ``scaled_dot_product_attention`` through a reference taken at import time."""
+
+    def __init__(self, attention: Any) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _STOCK_SDPA:
+            return self.attention(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+_STOCK_SDPA = F.scaled_dot_product_attention
+
+
 class CudaKernels:
     """While a fake CUDA-target run steps (a context manager): the choices above, as ``gpu`` would make them.
 
@@ -147,6 +164,7 @@ class CudaKernels:
             setattr(torch._VF, name, recurrent(stock, mode))
             self._exits.callback(delattr, torch._VF, name)
         self._exits.enter_context(CudnnRnn())
+        self._exits.enter_context(_Attention(self.attention))
         # nn.LSTM's flatten_parameters() reads data pointers of CUDA weights (fake ones: all
         # alike, so it keeps the weights as they are); FakeTensor warns of that read
         self._exits.enter_context(warnings.catch_warnings())
