@@ -13,6 +13,9 @@ Counting convention (the README's "How FLOPs are counted" repeats it for users):
   ``gelu`` 5 (erf form) or 9 (tanh form), ``softmax`` 5 (max, subtract, exp, sum,
   divide) per element. The tables below give every figure.
 * Reductions cost 1 per input element (``var``/``std`` 3, ``norm`` 2).
+* Sorting and selection count comparisons: ``sort`` n * ceil(log2 n) per sorted row,
+  ``topk`` n * ceil(log2 k), ``kthvalue``/``median`` n, ``nonzero`` n; ``histc`` 3 per
+  element.
 * Normalisation layers: statistics 4 per element (mean 1, variance 3), normalise 2
   (subtract, multiply), affine 1 for the weight and 1 for the bias.
 * Pooling: one step per window element per output (max compares, average adds),
@@ -632,6 +635,53 @@ def fused_sgd(params: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> Op
     # p -= lr * g (1); momentum: buf = buf * m + g (2); nesterov: g += m * buf (1); L2 decay g += wd p (1)
     per_element = 1 + 2 * int(bool(kwargs.get("momentum"))) + int(bool(kwargs.get("nesterov"))) + int(bool(kwargs.get("weight_decay")))
     return OpCost(per_element * _tensor_list_numel(params))
+
+
+# ---------------------------------------------------------------- sorting and selection
+# One FLOP per comparison (or, for histc, per arithmetic step), as for max and argmax:
+# sort compares n * ceil(log2 n) times per sorted row, topk n * ceil(log2 k) (a heap of k),
+# a k-th value or median n (a selection), histc 3 per element (shift, scale, range test),
+# nonzero 1 per element.
+
+
+def _rows_and_length(x: torch.Tensor, dim: int) -> tuple[int, int]:
+    if x.dim() == 0:
+        return 1, 1
+    n = x.shape[dim]
+    return (x.numel() // n if n else 0), n
+
+
+def _log2(n: int) -> int:
+    return max(1, math.ceil(math.log2(n))) if n > 1 else 1
+
+
+@_register("sort")
+def sort(x: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    # sort(self, dim=-1, descending=False); sort.stable(self, *, stable, dim=-1, descending=False)
+    dim = kwargs.get("dim", args[0] if args and isinstance(args[0], int) and not isinstance(args[0], bool) else -1)
+    rows, n = _rows_and_length(x, dim)
+    return rows * n * _log2(n) if n > 1 else 0
+
+
+@_register("topk")
+def topk(x: torch.Tensor, k: int, dim: int = -1, *_: Any, out_val: Any = None, **kwargs: Any) -> int:
+    rows, n = _rows_and_length(x, kwargs.get("dim", dim))
+    return rows * n * _log2(k)
+
+
+@_register("kthvalue", "median", "nanmedian")
+def selection(x: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return x.numel()
+
+
+@_register("histc")
+def histc(x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> int:
+    return 3 * x.numel()
+
+
+@_register("nonzero", "nonzero_static", "argwhere")
+def nonzero(x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> int:
+    return x.numel()
 
 
 # ---------------------------------------------------------------- reductions and softmax
