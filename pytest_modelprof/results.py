@@ -64,6 +64,9 @@ class MemoryReport:
     # peak (reserved_bytes, cudnn_workspace_bytes, cuda_context_bytes;
     # None: not estimated); see pytest_modelprof.engine.targets.allocator
     estimates: dict[str, int | None] = field(default_factory=dict)
+    # a real CUDA run: what the caching allocator measured over the step (start_allocated_bytes,
+    # max_allocated_bytes, max_reserved_bytes; peak statistics reset at its start), beside the model
+    measured: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

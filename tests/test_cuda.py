@@ -94,3 +94,14 @@ def test_reserved_estimate_against_the_allocator():
     measured = torch.cuda.max_memory_reserved() - before
     assert estimated.category_max["workspace"] > 0
     assert result.memory.estimates["reserved_bytes"] == pytest.approx(measured + before, rel=0.25)
+
+
+def test_a_real_cuda_step_records_the_allocators_figures_beside_the_modelled_ones():
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+    x = torch.randn(256, 1024, device="cuda")
+    memory = profile(model, x, train=True, optimizer=torch.optim.AdamW(model.parameters())).memory
+    measured = memory.measured
+    assert measured["max_reserved_bytes"] >= measured["max_allocated_bytes"] >= measured["start_allocated_bytes"] > 0
+    # the model's peak counts the step's tensors and workspaces; the allocator's counts them and
+    # whatever else the process holds (here, the caller's model and input, copied for the run)
+    assert memory.peak_bytes <= measured["max_allocated_bytes"]

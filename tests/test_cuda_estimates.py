@@ -86,3 +86,11 @@ def test_no_matrix_product_no_cublas_workspace():
 
 def test_cpu_runs_have_no_cuda_estimates():
     assert profile(nn.Linear(4, 4), torch.ones(2, 4)).memory.estimates == {}
+
+
+def test_the_report_shows_what_the_allocator_measured_beside_the_model():
+    result = profile(nn.Linear(4, 4), torch.randn(2, 4), train=True)
+    assert result.memory.measured == {}  # not a real CUDA run
+    result.memory.measured = {"start_allocated_bytes": 0, "max_allocated_bytes": 3 * MiB, "max_reserved_bytes": 20 * MiB}
+    report = format_memory_report(result)
+    assert "measured by the caching allocator over the step: max allocated 3.15 MB, max reserved 20.97 MB" in report

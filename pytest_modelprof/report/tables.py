@@ -361,6 +361,12 @@ def format_memory_report(profile: Profile, top_parameters: int = 10) -> str:
         for key, text in _ESTIMATES.items():
             value = memory.estimates.get(key)
             lines.append(f"    {text[0]:<22} {format_count(value, 'B') if value is not None else 'not estimated':>13}  ({text[1]})")
+    if memory.measured:
+        lines.append(
+            "  measured by the caching allocator over the step: "
+            f"max allocated {format_count(memory.measured.get('max_allocated_bytes', 0), 'B')}, "
+            f"max reserved {format_count(memory.measured.get('max_reserved_bytes', 0), 'B')}"
+        )
     largest = sorted(memory.parameters, key=lambda p: (-p[1], p[0]))[:top_parameters]
     if largest:
         name_width = max(len(name) for name, _, _ in largest)

@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten
 
 from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Phase, Profile
@@ -69,6 +70,8 @@ class MemoryMeter(Meter):
         self.op_bytes: dict[tuple[Phase, StackKey, str], list[int]] = {}  # (phase, stack, op) -> [calls, bytes allocated]
         self._run: RunTensors | None = None
         self._target: torch.device | None = None
+        self._real_cuda = False
+        self.measured: dict[str, int] = {}  # a real CUDA run: the caching allocator's figures for the step
         self._finalizers: list[weakref.finalize[Any, Any]] = []
         self._open = True
 
@@ -82,6 +85,12 @@ class MemoryMeter(Meter):
 
     def start(self, run: RunTensors, target: torch.device) -> None:
         self._set_rounding(self._asked or (CUDA_BLOCK if target.type == "cuda" else 1))
+        tensors = tree_flatten((run.params, run.buffers, run.args, run.kwargs))[0]
+        self._real_cuda = target.type == "cuda" and torch.cuda.is_available() and not any(isinstance(t, FakeTensor) for t in tensors)
+        if self._real_cuda:  # the allocator's own figures for the step, beside the modelled ones
+            torch.cuda.synchronize(target)
+            torch.cuda.reset_peak_memory_stats(target)
+            self.measured = {"start_allocated_bytes": torch.cuda.memory_allocated(target)}
         self._run = run
         self._target = target
         self.track_all(run.params, PARAMETERS)
@@ -128,6 +137,10 @@ class MemoryMeter(Meter):
 
     def stop(self) -> None:
         """Stop following storages: no finalizer outlives the run."""
+        if self._real_cuda and self._target is not None:
+            torch.cuda.synchronize(self._target)
+            self.measured["max_allocated_bytes"] = torch.cuda.max_memory_allocated(self._target)
+            self.measured["max_reserved_bytes"] = torch.cuda.max_memory_reserved(self._target)
         self._open = False
         for finalizer in self._finalizers:
             finalizer.detach()
@@ -204,6 +217,7 @@ class MemoryMeter(Meter):
             block_bytes=self.round_to,
             parameters=self.parameters,
             estimates=self._cuda_estimates() if self.events is not None else {},
+            measured=dict(self.measured),
         )
         profile.peak_memory_bytes = self.peak
         if profile.train:  # what the backward pass needs kept: the tensors saved for it
