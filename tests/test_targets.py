@@ -113,13 +113,14 @@ def test_a_target_is_a_gpu():
 # measured here (peak / max_memory_allocated, reserved / max_memory_reserved): what is not
 # yet within the bounds (3% and 5%), and why
 OPEN = {
-    "mlp8x4096-b8192-train-bf16-adamw": "peak 0.939, reserved 0.772: 100 MiB of the backward pass unexplained",
+    "mlp8x4096-b8192-train-bf16-adamw": "peak 0.939, reserved 0.933: 100 MiB of the backward pass unexplained",
     "lstm2x1024-s256-b32-train-fp32-adam": "peak 0.718: cuDNN's RNN workspaces and its layout copies are not modelled",
 }
 OPEN_RESERVED = {
-    "vit_b_16-b32-eval-bf16": "reserved 0.715: the fp32 weights converted to bf16 before the step leave cached segments",
-    "r3d_18-b8-eval-fp32": "reserved 0.741",
-    "resnet18-b64-train-fp32-sgdm": "reserved 0.832",
+    "vit_b_16-b32-eval-bf16": "reserved 0.789: the fp32 weights converted to bf16 before the step leave cached segments",
+    "r3d_18-b8-eval-fp32": "reserved 0.810",
+    "resnet18-b64-train-fp32-sgdm": "reserved 0.818: cuDNN's convolution workspaces are not modelled",
+    "mobilenet_v3_large-b64-train-fp32-adamw": "reserved 1.110",
 }
 
 

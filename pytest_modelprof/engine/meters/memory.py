@@ -71,6 +71,7 @@ class MemoryMeter(Meter):
         self._run: RunTensors | None = None
         self._target: torch.device | None = None
         self._real_cuda = False
+        self._marks: dict[str, int] = {}  # event indices: where the step begins, the state, first products, the optimizer
         self.measured: dict[str, int] = {}  # a real CUDA run: the caching allocator's figures for the step
         self._finalizers: list[weakref.finalize[Any, Any]] = []
         self._open = True
@@ -97,17 +98,22 @@ class MemoryMeter(Meter):
         self.track_all(run.buffers, BUFFERS)
         self.track_all((run.args, run.kwargs), INPUTS)
         self.track_all([t.grad for t in run.params.values() if t.grad is not None], GRADIENTS)
+        state_from = len(self.events or ())
         if run.optimizer is not None:
             self.track_all(list(run.optimizer.state.values()), OPTIMIZER_STATE)
+        # for the reserved estimate: where the step's own events begin, and which made the state
+        self._marks = {"state": state_from, "step": len(self.events or ())}
 
     def op(self, op: Op) -> None:
         before = self.allocated
+        if self.events is not None and op.name in CUBLAS_OPS:
+            thread = int(op.phase in ("backward", "recompute"))
+            self._marks.setdefault(f"matmul{thread}", len(self.events))
+            self.matmuls[thread].add(op.name)
         if op.node is not None and op.node._sequence_nr() == ACCUMULATE_GRAD_SEQUENCE_NR:
             self.track_all(op.out, GRADIENTS)  # what AccumulateGrad stores in .grad
         else:
             self.track_all(op.out, TEMPORARIES)
-        if self.events is not None and op.name in CUBLAS_OPS:
-            self.matmuls[op.phase in ("backward", "recompute")].add(op.name)
         self.sample(op.phase, op.key)
         key = (op.phase, op.key, op.name)
         row = self.op_bytes.get(key)
@@ -127,6 +133,8 @@ class MemoryMeter(Meter):
                 self.module_activations[path] = self.module_activations.get(path, 0) + self.live[address][0]
 
     def region(self, name: str) -> None:
+        if name == "optimizer" and self.events is not None:
+            self._marks["optimizer"] = len(self.events)
         # weight and gradient bytes of each parameter, once the backward pass has made the gradients
         # (before the optimizer step, whose zero_grad may free them); an inference step has none
         if name in ("optimizer", "end") and not self.parameters and self._run is not None:
@@ -247,13 +255,14 @@ class MemoryMeter(Meter):
                     row.modules.append(key[-1])
             row.allocated_bytes += allocated
 
+    def _capability(self) -> tuple[int, int]:
+        if self._target is not None and self._target.type == "cuda" and torch.cuda.is_available() and self._gpu is None:
+            return torch.cuda.get_device_capability(self._target)
+        return self._gpu.compute_capability if self._gpu is not None else (0, 0)
+
     def _workspace_bytes(self) -> int:
         """The cuBLAS workspaces of the step: resident in a steady step (see :func:`..targets.allocator.workspace_bytes`)."""
-        if self._target is not None and self._target.type == "cuda" and torch.cuda.is_available() and self._gpu is None:
-            capability = torch.cuda.get_device_capability(self._target)
-        else:
-            capability = self._gpu.compute_capability if self._gpu is not None else (0, 0)
-        return workspace_bytes(capability, list(self.matmuls))
+        return workspace_bytes(self._capability(), list(self.matmuls))
 
     def _add_workspace(self, workspace: int) -> None:
         """Workspace allocated before the step (in an earlier one) and held: a constant under the whole timeline."""
@@ -269,7 +278,29 @@ class MemoryMeter(Meter):
 
     def _cuda_estimates(self) -> dict[str, int | None]:
         """What a CUDA process holds beyond the allocated bytes, estimated (see :mod:`..targets.allocator`)."""
-        workspace = self.totals[WORKSPACE]
-        # the workspace comes from the allocator at the first matrix product, before this step: replayed first
-        reserved = reserved_bytes(([(-1, workspace)] if workspace else []) + (self.events or []))
-        return {"reserved_bytes": reserved, "cudnn_workspace_bytes": None, "cuda_context_bytes": None}
+        return {"reserved_bytes": reserved_bytes(self._allocator_history()), "cudnn_workspace_bytes": None, "cuda_context_bytes": None}
+
+    def _allocator_history(self) -> list[tuple[Any, int]]:
+        """The caching allocator's requests up to the end of a steady step, as a training script
+        makes them: the resident tensors; a first step, in which the optimizer creates its state
+        when it first steps and each thread's cuBLAS workspace comes at its first matrix product;
+        then the steady step this run followed (state and workspaces resident)."""
+        events = self.events or []
+        marks = self._marks
+        resident, state, step = events[: marks["state"]], events[marks["state"] : marks["step"]], events[marks["step"] :]
+        inserts: dict[int, list[tuple[Any, int]]] = {}
+        if "optimizer" in marks:
+            inserts.setdefault(marks["optimizer"], []).extend(state)
+        else:
+            resident = resident + state
+        for thread, ops in enumerate(self.matmuls):
+            size = workspace_bytes(self._capability(), [ops])
+            if size:
+                inserts.setdefault(marks[f"matmul{thread}"], []).append((("workspace", thread), size))
+        first: list[tuple[Any, int]] = []
+        for index, (key, size) in enumerate(step, start=marks["step"]):
+            first.extend(inserts.pop(index, ()))
+            first.append((("first", key), size))
+        for leftover in inserts.values():
+            first.extend(leftover)
+        return [*resident, *first, *step]

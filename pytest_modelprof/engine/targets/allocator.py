@@ -5,8 +5,11 @@ rounded to the caching allocator's 512-byte blocks), what
 ``torch.cuda.max_memory_allocated`` reports. A process needs more than that; these
 estimates say how much more, each on its own line, never added to the peak:
 
-- **reserved**: the caching allocator keeps segments it has asked the driver for.
-  :func:`reserved_bytes` replays the run's allocations and frees through a model of
+- **reserved**: the caching allocator keeps segments it has asked the driver for, so a
+  steady step's reserved bytes are those of its whole history: the memory meter hands
+  :func:`reserved_bytes` the resident tensors, a first step (the optimizer's state made
+  at its first step, each thread's cuBLAS workspace at its first product) and the
+  steady step. :func:`reserved_bytes` replays allocations and frees through a model of
   its documented policy (c10/cuda/CUDACachingAllocator.cpp): requests rounded up to
   512 bytes; requests up to 1 MiB served from 2 MiB segments of a small pool, larger
   ones from a large pool whose new segments are 20 MiB below 10 MiB and rounded up to
