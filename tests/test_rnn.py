@@ -112,3 +112,15 @@ def test_cudnns_lstm_reserve_as_measured_on_an_h100():
     # and the initial hidden and cell states (the input is resident anyway)
     output, state = 32 * 256 * 1024 * 4, 2 * 32 * 1024 * 4
     assert result.memory.category_max["activations"] == -(-369_099_008 // 512) * 512 + output + 2 * state
+
+
+def test_a_cuda_target_runs_recurrent_layers_under_autocast():
+    # autocast's own _cudnn_rnn kernel flattens the weights through cuDNN: the casts are done
+    # without it, and the low-precision weights are what the backward pass keeps
+    lstm = nn.LSTM(I, H, num_layers=2)
+    result = profile(lstm, torch.randn(T, N, I), train=True, autocast=torch.bfloat16, target="h100")
+    assert result.op("aten._cudnn_rnn").calls == 1 and result.uncounted == {}
+    assert result.forward_macs == recurrent_macs(4, 2, 1)
+    weights = sum(p.numel() for p in lstm.parameters())
+    assert result.op("aten._to_copy", "forward").calls >= len(list(lstm.parameters()))
+    assert result.memory.category_max["activations"] >= weights * 2  # the bf16 copies, kept for the backward pass

@@ -222,12 +222,32 @@ def recurrent(stock: Any, mode: int) -> Any:
         hidden = c.shape[-1] if c is not None else h.shape[-1]
         proj = h.shape[-1] if c is not None and h.shape[-1] != hidden else 0
         stride0 = (4 if has_biases else 2) + (1 if proj else 0)
-        output, hy, cy, _, _ = aten._cudnn_rnn(
-            input, params, stride0, None, h, c, mode, hidden, proj, num_layers, batch_first, dropout, train, bidirectional, [], None
-        )
+        with contextlib.ExitStack() as stack:
+            if torch.is_autocast_enabled("cuda") and input.is_floating_point():
+                # autocast's own kernel for _cudnn_rnn (_cudnn_rnn_cast_reflatten) flattens the weights
+                # through cuDNN: the same casts here (the weights' low-precision copy is kept for the
+                # backward pass, as its flat buffer is), and autocast off for the call
+                dtype = torch.get_autocast_dtype("cuda")
+                input, h = input.to(dtype), h.to(dtype)
+                c = c.to(dtype) if c is not None else None
+                params = [p.to(dtype) for p in params]
+                stack.enter_context(_autocast_off())
+            output, hy, cy, _, _ = aten._cudnn_rnn(
+                input, params, stride0, None, h, c, mode, hidden, proj, num_layers, batch_first, dropout, train, bidirectional, [], None
+            )
         return (output, hy, cy) if mode == 2 else (output, hy)
 
     return run
+
+
+@contextlib.contextmanager
+def _autocast_off() -> Any:
+    enabled = torch.is_autocast_enabled("cuda")
+    torch.set_autocast_enabled("cuda", False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", enabled)
 
 
 def reserve_bytes(mode: int, seq: int, batch: int, hidden: int, layers: int, directions: int, element: int) -> int:
