@@ -47,3 +47,15 @@ def test_llama_7b_training_step_analytic(model_profile):
         model = Llama(LlamaConfig.llama_7b())
     result = model_profile(model, torch.randint(0, 32000, (1, 2048)))
     assert result.analytic
+
+
+def test_gpt2_training_step_on_an_h100(model_profile):
+    # GPT-2 small, AdamW, bf16 autocast, as it would run on an H100: analytic, on this CPU-only
+    # machine; its budget holds the H100's peak (max_peak_memory_mb = { h100 = ... })
+    with torch.device("meta"):
+        model = GPT2(GPT2Config())
+    tokens = torch.randint(0, 50257, (8, 1024))
+    result = model_profile(
+        model, tokens, train=True, autocast=torch.bfloat16, optimizer=torch.optim.AdamW(model.parameters()), target="h100"
+    )
+    assert result.fits
