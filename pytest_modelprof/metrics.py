@@ -116,6 +116,17 @@ METRICS: dict[str, Metric] = {
         Metric("peak_activation_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_activation_bytes, per_target=True),
         Metric("peak_memory_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_memory_bytes, per_target=True, column="peak MB"),
         Metric(
+            "predicted_ms",
+            "ms",
+            1e-3,
+            6,
+            _percent(1),
+            lambda p: p.predicted.seconds if p.predicted is not None else None,
+            per_target=True,
+            column="predicted ms",
+            column_digits=4,
+        ),
+        Metric(
             "latency_ms",
             "ms",
             1e-3,

@@ -160,6 +160,39 @@ class LatencyReport:
 
 
 @dataclass
+class PredictedOp:
+    """One operator's predicted kernel time on the target GPU, summed over its calls in one phase."""
+
+    op: str
+    phase: Phase
+    calls: int
+    seconds: float
+    flops: int  # the work its kernels do (causal attention's skipped scores left out)
+    bytes: int  # read and written
+    bound: str  # what bounds most of its time: "compute", "memory" or "launch"
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity: FLOPs per byte moved."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+
+@dataclass
+class PredictedReport:
+    """The step's predicted time on a target GPU (``profile(target=...)``): deterministic, from
+    the analytic run, a roofline per kernel and a model of the host issuing them; see
+    pytest_modelprof.engine.targets.cost for what it models and what it does not."""
+
+    target: str
+    seconds: float  # the step, host and GPU together
+    gpu_seconds: float  # the GPU's time running kernels
+    host_seconds: float  # the host's time issuing ops
+    calibrated: bool  # False: the cost model's round defaults, not fitted to measured kernel times
+    calibration: str  # where the efficiencies come from
+    ops: list[PredictedOp] = field(default_factory=list)
+
+
+@dataclass
 class OpTime:
     """Time of one operator (profiler name, e.g. ``aten::mm``) in one module and phase.
 
@@ -298,6 +331,7 @@ class Profile:
     memory: MemoryReport | None = None
     latency: LatencyReport | None = None
     op_times: list[OpTime] = field(default_factory=list)
+    predicted: PredictedReport | None = None  # a target GPU's predicted step time (profile(target=...))
     # the raw torch.profiler events of the layer timing (an EventList); not serialized
     profiler_events: Any = field(default=None, repr=False, compare=False)
 
@@ -380,4 +414,8 @@ class Profile:
         if data.get("latency") is not None:
             values["latency"] = LatencyReport(**data["latency"])
         values["op_times"] = [OpTime(**o) for o in data.get("op_times", [])]
+        if data.get("predicted") is not None:
+            predicted = dict(data["predicted"])
+            predicted["ops"] = [PredictedOp(**o) for o in predicted.get("ops", [])]
+            values["predicted"] = PredictedReport(**predicted)
         return cls(**values)

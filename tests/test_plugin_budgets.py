@@ -142,3 +142,23 @@ def test_a_memory_ceiling_per_target_gpu_gates_a_cuda_step_on_a_cpu_only_runner(
     result = pytester.runpytest("-p", "pytest_modelprof", "--modelprof-device=cpu")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*peak_memory_mb: measured *MB, allowed 50 MB (max_peak_memory_mb)*[[]budgets/gpu.toml:2[]]"])
+
+
+def test_a_predicted_time_ceiling_per_target_gpu(pytester):
+    pytester.makepyfile(
+        test_gpu="""
+        import torch
+
+        def test_step(model_profile):
+            model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)]).to(torch.bfloat16)
+            x = torch.randn(8192, 4096, dtype=torch.bfloat16)
+            result = model_profile(model, x, train=True, target="h100")
+            assert result.predicted.seconds > 0
+        """
+    )
+    (pytester.path / "budgets").mkdir()
+    (pytester.path / "budgets" / "gpu.toml").write_text('[profiles."test_gpu.py::test_step"]\nmax_predicted_ms = { h100 = 0.5 }\n')
+    result = pytester.runpytest("-p", "pytest_modelprof")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*predicted_ms: measured * ms, allowed 0.5 ms (max_predicted_ms)*[[]budgets/gpu.toml:2[]]"])
+    result.stdout.fnmatch_lines(["*predicted ms*"])  # the summary's column

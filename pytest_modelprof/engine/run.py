@@ -24,6 +24,7 @@ from .memo import LeafMemo
 from .meters import Meter
 from .meters.flops import FlopMeter, FormulaTable
 from .meters.memory import MemoryMeter
+from .meters.predicted import PredictedMeter
 from .modules import ModuleTracker
 from .targets.gpus import GPUSpec
 from .timing import Timing, batch_size_of, measure_latency
@@ -108,7 +109,13 @@ def profile(
     for meter in meters:
         if not isinstance(meter, Meter):
             raise TypeError(f"meters= takes instances of pytest_modelprof.engine.meters.Meter, got {type(meter).__name__}")
-    attached = [*([FlopMeter(FormulaTable(formulas))] if flops else []), *([MemoryMeter(gpu=workload.gpu)] if memory else []), *meters]
+    table = FormulaTable(formulas)
+    attached = [
+        *([FlopMeter(table)] if flops else []),
+        *([MemoryMeter(gpu=workload.gpu)] if memory else []),
+        *([PredictedMeter(workload.gpu, table)] if workload.gpu is not None and workload.analytic else []),
+        *meters,
+    ]
 
     result = _metered(workload, attached)
     if timing is not None:

@@ -24,6 +24,43 @@ G = 1e9
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """The predicted-time model's efficiencies for one GPU (see :mod:`.cost`): achieved over
+    peak per kind of kernel (``matmul``, ``conv``, ``conv_grouped``, ``attention``, ``rnn``,
+    ``norm``, ``memory``: see :func:`.cost.kind_of`), and
+    its fixed costs, in seconds."""
+
+    efficiency: Mapping[str, float] = field(
+        default_factory=lambda: {
+            "matmul": 0.7,
+            "conv": 0.5,
+            "conv_grouped": 0.1,
+            "attention": 0.5,
+            "rnn": 0.4,
+            "norm": 0.5,
+            "memory": 0.7,
+        },
+        hash=False,
+    )
+    # per kind on tensor cores: the FLOPs per kernel at which it reaches half its efficiency
+    half_flops: Mapping[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("matmul", "conv", "conv_grouped", "attention", "rnn"), 1e8), hash=False
+    )
+    kernel_seconds: float = 3e-6  # the shortest a kernel takes, launch latency included
+    host_seconds: float = 6e-6  # the host's time to issue one op with a kernel
+    view_seconds: float = 1.5e-6  # ... and one without (a view, an allocation)
+    calibrated: bool = False  # False: round defaults, not fitted to measured kernel times
+    source: str = "uncalibrated defaults"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "efficiency", MappingProxyType(dict(self.efficiency)))
+        object.__setattr__(self, "half_flops", MappingProxyType(dict(self.half_flops)))
+
+
+UNCALIBRATED = Calibration()
+
+
+@dataclass(frozen=True)
 class GPUSpec:
     """One GPU model (see the module's notes for what each figure means)."""
 
@@ -34,6 +71,7 @@ class GPUSpec:
     sm_count: int
     compute_capability: tuple[int, int]
     interconnect: float = 0.0  # bytes/s per direction, GPU to GPU
+    calibration: Calibration = field(default=UNCALIBRATED, hash=False)  # of the predicted-time model
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0 or self.bandwidth <= 0 or self.sm_count <= 0:
@@ -43,9 +81,31 @@ class GPUSpec:
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
 
 
-def _spec(name: str, mib: int, bandwidth: float, flops: dict[str, float], sms: int, cc: tuple[int, int], link: float) -> GPUSpec:
-    return GPUSpec(name, mib * MiB, bandwidth, {k: v * T for k, v in flops.items()}, sms, cc, link * G)
+def _spec(
+    name: str,
+    mib: int,
+    bandwidth: float,
+    flops: dict[str, float],
+    sms: int,
+    cc: tuple[int, int],
+    link: float,
+    calibration: Calibration = UNCALIBRATED,
+) -> GPUSpec:
+    return GPUSpec(name, mib * MiB, bandwidth, {k: v * T for k, v in flops.items()}, sms, cc, link * G, calibration)
 
+
+# fitted by benchmarks/predicted_vs_h100.py on the kernel and step times of the nine H100
+# steps in ../shared/gpu-truth (torch 2.11, cuDNN 9.19); its leave-one-out table says how
+# far it carries to other models
+H100_CALIBRATION = Calibration(
+    efficiency={"matmul": 1.0, "conv": 0.25, "conv_grouped": 0.95, "attention": 0.2, "rnn": 1.0, "norm": 0.35, "memory": 1.0},
+    half_flops={"matmul": 1e9, "conv": 1e10, "conv_grouped": 1e11, "attention": 1e9, "rnn": 1e10},
+    kernel_seconds=8e-6,
+    host_seconds=25e-6,
+    view_seconds=6.25e-6,
+    calibrated=True,
+    source="fitted on 9 H100 steps (../shared/gpu-truth, torch 2.11)",
+)
 
 _HOPPER = {"float64": 67, "float32": 67, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8": 1978.9}
 _AMPERE = {"float64": 19.5, "float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312}
@@ -54,7 +114,7 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
     {
         spec.name: spec
         for spec in (
-            _spec("h100", 81559, 3.35e12, _HOPPER, 132, (9, 0), 450),  # H100 SXM5 80GB, NVLink 4
+            _spec("h100", 81559, 3.35e12, _HOPPER, 132, (9, 0), 450, H100_CALIBRATION),  # H100 SXM5 80GB, NVLink 4
             _spec(
                 "h100-pcie",
                 81559,

@@ -1,0 +1,91 @@
+"""The predicted-time meter: each op's kernel time on the target GPU, and the step's (see :mod:`..targets.cost`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
+from ..targets.cost import Bound, Kind, StepClock, foreach_kernels, kind_of, rnn_kernels
+from ..targets.gpus import GPUSpec
+from . import Meter, Op
+from .flops import FormulaTable, _as_cost
+
+
+class PredictedMeter(Meter):
+    """Predicted seconds per op (by phase) and for the step, on ``gpu``."""
+
+    def __init__(self, gpu: GPUSpec, formulas: FormulaTable | None = None) -> None:
+        self.gpu = gpu
+        self.formulas = formulas or FormulaTable()
+        self.clock = StepClock(gpu)
+        # (op, phase) -> [calls, seconds, flops, bytes, {bound: seconds}]
+        self.rows: dict[tuple[str, Phase], list[Any]] = {}
+
+    def op(self, op: Op) -> None:
+        name, kind, flops, nbytes, dtype, kernels = op_features(op, self.formulas)
+        seconds, bound = self.clock.issue(name, kind, flops, nbytes, dtype, kernels)
+        if kind == "none":
+            return
+        row = self.rows.get((op.name, op.phase))
+        if row is None:
+            row = self.rows[(op.name, op.phase)] = [0, 0.0, 0, 0, {}]
+        row[0] += 1
+        row[1] += seconds
+        row[2] += flops
+        row[3] += nbytes
+        bounds: dict[Bound, float] = row[4]
+        bounds[bound] = bounds.get(bound, 0.0) + seconds
+
+    def contribute(self, profile: Profile, modules: dict[str, ModuleStats]) -> None:
+        ops = [
+            PredictedOp(name, phase, calls, seconds, flops, nbytes, max(bounds, key=bounds.get))
+            for (name, phase), (calls, seconds, flops, nbytes, bounds) in self.rows.items()
+        ]
+        ops.sort(key=lambda row: (-row.seconds, row.op, row.phase))
+        clock = self.clock
+        profile.predicted = PredictedReport(
+            target=self.gpu.name,
+            seconds=clock.seconds,
+            gpu_seconds=clock.busy,
+            host_seconds=clock.host,
+            calibrated=clock.calibration.calibrated,
+            calibration=clock.calibration.source,
+            ops=ops,
+        )
+
+
+def op_features(op: Op, formulas: FormulaTable) -> tuple[str, Kind, int, int, torch.dtype, int]:
+    """What the cost model needs of an op: its name, kind of kernel, FLOPs (done), bytes read and
+    written, dtype and number of kernels."""
+    kind = kind_of(op.name, op.args)
+    if kind == "none":
+        return op.name, kind, 0, 0, torch.float32, 0
+    tensors = [t for t in tree_flatten((op.args, op.kwargs))[0] if isinstance(t, torch.Tensor)]
+    outputs = [t for t in tree_flatten(op.out)[0] if isinstance(t, torch.Tensor)]
+    nbytes = sum(_bytes(t) for t in tensors) + sum(_bytes(t) for t in outputs)
+    if op.name.endswith("_") and not outputs:  # an in-place op over lists (foreach): its first list is written
+        first = op.args[0] if op.args else ()
+        nbytes += sum(_bytes(t) for t in tree_flatten(first)[0] if isinstance(t, torch.Tensor))
+    formula = formulas.formula_for(op.func)
+    flops = 0
+    if formula is not None:
+        cost = _as_cost(formula(*op.args, out_val=op.out, **op.kwargs), op.func)
+        flops = cost.flops - cost.skipped if cost is not None else 0
+    dtype = next((t.dtype for t in (*tensors, *outputs) if t.is_floating_point()), torch.float32)
+    lists = [a for a in op.args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+    kernels = foreach_kernels(len(lists[0])) if op.name.startswith("aten._foreach_") and lists else 1
+    if kind == "rnn":
+        kernels = rnn_kernels(op.name, op.args)
+    return op.name, kind, flops, nbytes, dtype, kernels
+
+
+def _bytes(t: torch.Tensor) -> int:
+    """The bytes a kernel moves for ``t``: its distinct elements (a broadcast, stride-0 dimension is read once)."""
+    distinct = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            distinct *= size
+    return distinct * t.element_size()
