@@ -119,7 +119,8 @@ def step_seconds(ops: list, calibration: Calibration) -> float:
 
 
 def fit(data: dict[str, tuple[list, dict]]) -> Calibration:
-    """Efficiencies and floor from kernel times by kind, then the host's time per op from step times."""
+    """Efficiencies and floor from kernel times by kind (squared log errors, weighted by the measured
+    time), then the host's time per op from step times."""
     calibration = Calibration()
     measured = {name: measured_by_kind(record) for name, (_, record) in data.items()}
 
@@ -128,8 +129,8 @@ def fit(data: dict[str, tuple[list, dict]]) -> Calibration:
         for name, (ops, _) in data.items():
             predicted = predicted_by_kind(ops, candidate)
             for kind in kinds:
-                if measured[name][kind] > 0 and predicted[kind] > 0:
-                    total += math.log(predicted[kind] / measured[name][kind]) ** 2
+                if measured[name][kind] > 0 and predicted[kind] > 0:  # weighted by the time at stake
+                    total += measured[name][kind] * math.log(predicted[kind] / measured[name][kind]) ** 2
         return total
 
     grid = [0.05 * i for i in range(1, 21)]

@@ -8,7 +8,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
-from ..targets.cost import Bound, Kind, StepClock, foreach_kernels, kind_of, rnn_kernels
+from ..targets.cost import Bound, Kind, StepClock, foreach_kernels, kind_of, norm_passes, rnn_kernels
 from ..targets.gpus import GPUSpec
 from . import Meter, Op
 from .flops import FormulaTable, _as_cost
@@ -79,6 +79,8 @@ def op_features(op: Op, formulas: FormulaTable) -> tuple[str, Kind, int, int, to
     kernels = foreach_kernels(len(lists[0])) if op.name.startswith("aten._foreach_") and lists else 1
     if kind == "rnn":
         kernels = rnn_kernels(op.name, op.args)
+    if kind == "norm":
+        nbytes = int(nbytes * norm_passes(op.name, op.args))
     return op.name, kind, flops, nbytes, dtype, kernels
 
 

@@ -140,6 +140,24 @@ def rnn_kernels(name: str, args: tuple[object, ...]) -> int:
     return steps * (layers if isinstance(layers, int) else 1) * (2 if bidirectional else 1)
 
 
+_NORMALISE_ONLY = frozenset(
+    {"aten._native_batch_norm_legit_no_training", "aten._batch_norm_no_update"}
+)  # inference batch norm: running statistics, one pass
+
+
+def norm_passes(name: str, args: tuple[object, ...]) -> float:
+    """How many times a normalisation kernel goes over its data, relative to reading its inputs and
+    writing its outputs once: a forward pass that computes statistics reads the input twice
+    (statistics, then normalise: 3 passes for 2), a backward pass reads its inputs twice more
+    (two reductions, then the gradient: 5 passes for 3); inference batch norm normalises only."""
+    if name.endswith("_backward"):
+        return 5 / 3
+    if name in _NORMALISE_ONLY:
+        return 1.0
+    training = args[5] if "batch_norm" in name and len(args) > 5 else True
+    return 1.5 if training is not False else 1.0
+
+
 def foreach_kernels(tensors: int) -> int:
     """Kernels a foreach op launches over ``tensors`` tensors (multi_tensor_apply's chunks)."""
     return max(1, math.ceil(tensors / 48))
