@@ -25,9 +25,10 @@ from torch import nn
 
 from .budgets import REGRESSED, BudgetError, check, load_budgets
 from .engine import ProfileError, Timing, profile
+from .engine.targets.gpus import ALIASES, GPUS
 from .engine.workload import DEVICE_KINDS, device_kind
 from .report.export import write_modules_csv, write_ops_csv
-from .report.tables import format_memory_report, format_op_table, format_op_times, format_top, format_tree_table
+from .report.tables import format_memory_report, format_op_table, format_op_times, format_predicted, format_top, format_tree_table
 from .report.text import format_header
 
 DTYPES = {
@@ -89,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train", action="store_true", help="profile a training step: forward, sum loss, backward")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="with --train: add this optimizer's step (default hyperparameters)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda (cuda:N) or meta for analytic mode (default: cpu)")
+    parser.add_argument(
+        "--target",
+        metavar="GPU",
+        help=f"profile the step as it runs on this GPU, analytically, with no GPU needed ({', '.join(GPUS)}): its memory, "
+        "whether it fits, and its predicted time",
+    )
     parser.add_argument("--depth", type=int, default=2, metavar="N", help="depth of the module tree (default: 2)")
     parser.add_argument("--top", type=int, default=10, metavar="K", help="rows of the operator table, module types per depth (default: 10)")
     parser.add_argument("--ops", action="store_true", help="show each module's operators in the module tree")
@@ -165,6 +172,12 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
         raise CliError(str(error)) from None
     shapes = parse_shapes(options.input)
     device = _check_device(options.device)
+    if options.target is not None:
+        if options.target.strip().lower().replace("_", "-") not in GPUS and options.target.lower() not in ALIASES:
+            raise CliError(f"unknown --target {options.target!r}: expected one of {', '.join(GPUS)}")
+        if options.latency:
+            raise CliError("--latency measures this machine; a --target GPU's time is predicted (shown without --latency)")
+        device = "meta"
     for flag, path in (("--json", options.json), ("--csv", options.csv), ("--plot", options.plot), ("--trace", options.trace)):
         _check_output(flag, path)
     factory = load_factory(options.model)
@@ -179,7 +192,9 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
     optimizer = OPTIMIZERS[options.optimizer](model.parameters()) if options.optimizer else None
     with progress("profiling"):
         try:
-            result = profile(model, inputs, train=options.train, device=device, optimizer=optimizer, latency=timing or False)
+            result = profile(
+                model, inputs, train=options.train, device=device, optimizer=optimizer, latency=timing or False, target=options.target
+            )
         except ProfileError as error:
             raise CliError(_with_memory_hint(str(error), device)) from error
     result.name = options.name or options.model
@@ -355,6 +370,9 @@ def _print_reports(result: Any, options: argparse.Namespace, out: TextIO) -> Non
     if result.memory is not None:
         print(file=out)
         print(format_memory_report(result, top_parameters=options.top), file=out)
+    if result.predicted is not None:
+        print(file=out)
+        print(format_predicted(result, top=options.top), file=out)
 
 
 def _write_outputs(result: Any, options: argparse.Namespace, out: TextIO) -> None:

@@ -261,3 +261,15 @@ def test_latency_with_layer_times_and_a_trace(tmp_path):
 def test_latency_option_errors(args, message, capsys):
     assert main([*SMALL, *args], out=io.StringIO()) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_target_gpu_prints_its_memory_and_predicted_step(capsys):
+    out = io.StringIO()
+    assert main([*SMALL, "--train", "--optimizer", "adamw", "--target", "h100", "--top", "3"], out=out) == 0
+    text = out.getvalue()
+    assert "predicted step on h100: " in text and "fitted on 9 H100 steps" in text
+    assert "memory: fits in its 85.52 GB" in text
+    table = text[text.index("predicted step on h100") :].splitlines()
+    assert table[2].split()[:1] == ["operator"] and len(table) == 3 + 3  # the header, memory, columns and 3 rows
+    assert main([*SMALL, "--target", "h1000"], out=io.StringIO()) == 2
+    assert "unknown --target 'h1000': expected one of h100, h100-pcie" in capsys.readouterr().err

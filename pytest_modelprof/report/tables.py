@@ -389,3 +389,34 @@ def format_profile(profile: Profile, depth: int = 2, top_ops: int = 8, human: bo
     if top_ops and profile.op_times:
         parts.append(format_op_times(profile, top=top_ops, human=human))
     return "\n\n".join(parts)
+
+
+def format_predicted(profile: Profile, top: int = 10) -> str:
+    """The predicted step on the target GPU and its most expensive operators (the roofline view):
+    each with its predicted time, share, bound, arithmetic intensity and the FLOP/s it reaches."""
+    predicted = profile.predicted
+    if predicted is None:
+        raise ValueError("this profile has no predicted time: profile it with target=<GPU>")
+    calibration = predicted.calibration if predicted.calibrated else "uncalibrated: round default efficiencies"
+    lines = [
+        f"predicted step on {predicted.target}: {format_seconds(predicted.seconds)} "
+        f"(GPU busy {format_seconds(predicted.gpu_seconds)}, host issuing {format_seconds(predicted.host_seconds)}; {calibration})"
+    ]
+    if profile.fits is not None and profile.memory is not None:
+        reserved = profile.memory.estimates.get("reserved_bytes") or profile.memory.peak_bytes
+        verdict = "fits" if profile.fits else "does not fit"
+        lines.append(
+            f"memory: {verdict} in its {format_count(profile.target_memory_bytes or 0, 'B')} "
+            f"(reserved {format_count(reserved, 'B')}, allocated peak {format_count(profile.memory.peak_bytes, 'B')})"
+        )
+    rows = [("operator", "phase", "calls", "time", "share", "bound", "FLOP/byte", "FLOP/s")]
+    for op in predicted.ops[:top]:
+        share = f"{op.seconds / predicted.gpu_seconds:.1%}" if predicted.gpu_seconds else ""
+        rate = format_count(op.flops / op.seconds, "FLOP/s") if op.seconds and op.flops else ""
+        rows.append((op.op, op.phase, str(op.calls), format_seconds(op.seconds), share, op.bound, plain(op.intensity, 3), rate))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        left = "  ".join(cell.ljust(width) for cell, width in zip(row[:2], widths[:2]))
+        right = "  ".join(cell.rjust(width) for cell, width in zip(row[2:], widths[2:]))
+        lines.append(f"  {left}  {right}".rstrip())
+    return "\n".join(lines)
