@@ -118,6 +118,33 @@ def step_seconds(ops: list, calibration: Calibration) -> float:
     return clock.seconds
 
 
+# the names torch.profiler records for the kernels behind the ops the engine sees
+ALIASES = {
+    "aten.cudnn_convolution": "aten.convolution",
+    "aten._conv_depthwise2d": "aten.convolution",
+    "aten._cudnn_attention_forward": "aten._scaled_dot_product_cudnn_attention",
+    "aten._cudnn_attention_backward": "aten._scaled_dot_product_cudnn_attention_backward",
+    "aten.copy_": "aten._to_copy",
+}
+
+
+def per_op_errors(ops: list, record: dict, calibration: Calibration) -> list[float]:
+    """For the step's 20 most expensive recorded operators (by name, over all shapes), the relative
+    error of the predicted kernel time of the ops of that name."""
+    measured: dict[str, float] = {}
+    for op in record["ops"]:
+        name = op["op"].replace("::", ".")
+        name = ALIASES.get(name, name)
+        measured[name] = measured.get(name, 0.0) + op["self_device_us"] * 1e-6
+    clock = StepClock(H100, calibration)
+    predicted: dict[str, float] = {}
+    for name, kind, flops, nbytes, dtype, kernels in ops:
+        seconds, _ = clock.issue(name, kind, flops, nbytes, dtype, kernels)
+        predicted[name] = predicted.get(name, 0.0) + seconds
+    top = sorted(measured, key=lambda n: -measured[n])[:20]
+    return [predicted[n] / measured[n] - 1 for n in top if predicted.get(n)]
+
+
 def fit(data: dict[str, tuple[list, dict]]) -> Calibration:
     """Efficiencies and floor from kernel times by kind (squared log errors, weighted by the measured
     time), then the host's time per op from step times."""
@@ -206,6 +233,13 @@ def main() -> None:
     for name, (ops, record) in data.items():
         m, p = measured_by_kind(record), predicted_by_kind(ops, full)
         print(f"  {name:48s} " + "  ".join(f"{k} {m[k] * 1e3:.2f}/{p[k] * 1e3:.2f}" for k in KINDS if m[k] or p[k]))
+    print("\nthe 20 most expensive operators of each step, measured vs predicted kernel time (shipped calibration):")
+    all_errors = []
+    for name, (ops, record) in data.items():
+        errors_here = per_op_errors(ops, record, shipped)
+        all_errors.extend(errors_here)
+        print(f"  {name:48s} {len(errors_here):2d} matched, median |error| {statistics.median(abs(e) for e in errors_here):.0%}")
+    print(f"  all: median |error| {statistics.median(abs(e) for e in all_errors):.0%} over {len(all_errors)} operators")
     print(f"\nfitted on all: {full}")
 
 

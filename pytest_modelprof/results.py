@@ -246,6 +246,8 @@ class ModuleStats:
     self_backward_seconds: float | None = None
     forward_device_seconds: float | None = None
     backward_device_seconds: float | None = None
+    # a target GPU's predicted kernel seconds of the module and its children, all phases (None: no target)
+    predicted_seconds: float | None = None
     container: bool = False
 
     @property

@@ -91,3 +91,16 @@ def test_the_prediction_is_the_same_in_another_process():
 
 def test_no_target_no_prediction():
     assert profile(nn.Linear(4, 4), torch.randn(2, 4)).predicted is None
+
+
+def test_each_module_gets_the_predicted_time_of_what_ran_inside_it():
+    model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Sequential(nn.Linear(4096, 4096), nn.ReLU()))
+    result = profile(model, torch.empty(4096, 4096, device="meta"), train=True, target=GPU)
+    seconds = {m.path: m.predicted_seconds for m in result.modules}
+    assert seconds["2"] == pytest.approx(seconds["2.0"] + seconds["2.1"])
+    assert seconds[""] == pytest.approx(seconds["0"] + seconds["1"] + seconds["2"])
+    # the whole step's kernels: the model's, and the loss's outside it
+    assert seconds[""] < result.predicted.gpu_seconds
+    # two identical layers, but the first needs no gradient for its input: one matrix product less,
+    # 2 * 4096^3 FLOPs on the float32 units (TF32 is off for matrix products) at half their peak
+    assert seconds["2.0"] - seconds["0"] == pytest.approx(2 * 4096**3 / (50e12 * 0.5))

@@ -45,7 +45,7 @@ def assemble(workload: Workload, tracker: ModuleTracker, meters: Sequence[Meter]
 
 _SUMMED = ("forward_flops", "backward_flops", "recompute_flops", "forward_macs", "backward_macs", "activation_bytes")
 _HIGHEST = ("forward_peak_bytes", "backward_peak_bytes")
-_TIMES = ("forward_seconds", "backward_seconds", "forward_device_seconds", "backward_device_seconds")
+_TIMES = ("forward_seconds", "backward_seconds", "forward_device_seconds", "backward_device_seconds", "predicted_seconds")
 
 
 def roll_up_containers(modules: list[ModuleStats], total_flops: int) -> None:

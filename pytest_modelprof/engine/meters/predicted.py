@@ -23,12 +23,15 @@ class PredictedMeter(Meter):
         self.clock = StepClock(gpu)
         # (op, phase) -> [calls, seconds, flops, bytes, {bound: seconds}]
         self.rows: dict[tuple[str, Phase], list[Any]] = {}
+        self.module_seconds: dict[str, float] = {}  # module path -> predicted kernel seconds, its children's included
 
     def op(self, op: Op) -> None:
         name, kind, flops, nbytes, dtype, kernels = op_features(op, self.formulas)
         seconds, bound = self.clock.issue(name, kind, flops, nbytes, dtype, kernels)
         if kind == "none":
             return
+        for path in op.key:
+            self.module_seconds[path] = self.module_seconds.get(path, 0.0) + seconds
         row = self.rows.get((op.name, op.phase))
         if row is None:
             row = self.rows[(op.name, op.phase)] = [0, 0.0, 0, 0, {}]
@@ -45,6 +48,8 @@ class PredictedMeter(Meter):
             for (name, phase), (calls, seconds, flops, nbytes, bounds) in self.rows.items()
         ]
         ops.sort(key=lambda row: (-row.seconds, row.op, row.phase))
+        for path, stats in modules.items():
+            stats.predicted_seconds = self.module_seconds.get(path, 0.0)
         clock = self.clock
         profile.predicted = PredictedReport(
             target=self.gpu.name,
