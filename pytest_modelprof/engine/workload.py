@@ -28,6 +28,7 @@ from .backward import HookGuard, SavedTensors, run_backward
 from .errors import ProfileError
 from .fake import RunTensors, choose_mode, run_tensors, tensors_in
 from .modules import ModuleTracker
+from .routing import Routing
 from .targets.gpus import GPUSpec, gpu_spec
 from .targets.kernels import CudaKernels
 
@@ -133,6 +134,7 @@ class Workload:
                 stack.enter_context(torch.random.fork_rng(devices=cuda, device_type=self.target.type))
             else:
                 stack.enter_context(self.fake_mode)
+                stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
                 if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
                     stack.enter_context(CudaKernels(self.gpu))
             if tensors.optimizer is not None:

@@ -1,0 +1,121 @@
+"""Sizes that depend on data, in analytic runs: the tokens a mixture-of-experts router sends each expert.
+
+Fake tensors carry no values, so an op whose output size depends on them (``nonzero``,
+and ``torch.where(mask)``, which calls it) cannot run on them. The one place models do
+this routinely is routing: a router picks experts (``topk``/``argmax`` indices over the
+experts), and each expert takes the tokens whose choice is its own
+(``torch.where(indices == e)``, or a ``one_hot`` of the indices, sliced per expert).
+:class:`Routing` follows that chain and answers ``nonzero`` with the *balanced* count:
+indices drawn over ``n`` experts are taken to hit each one equally, so a mask of
+``indices == e`` holds ``numel / n`` true elements. The counts of all experts add up to
+the tokens times the experts each token picks, exactly as in a real run; so do the
+experts' FLOPs, which are linear in their tokens. Memory follows the balanced split (a
+real run's split depends on the data). A ``nonzero`` of anything else is refused with a
+clear error: profile that model on real tensors.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .errors import ProfileError
+
+aten = torch.ops.aten
+
+_INDICES_AT = {aten.topk.default: 1, aten.sort.default: 1, aten.sort.stable: 1, aten.max.dim: 1, aten.min.dim: 1}
+_INDICES = {aten.argmax.default, aten.argmin.default}
+_VIEWS = {
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.permute.default,
+    aten.transpose.int,
+    aten.t.default,
+    aten.select.int,
+    aten.slice.Tensor,
+    aten.squeeze.dim,
+    aten.squeeze.default,
+    aten.unsqueeze.default,
+    aten.expand.default,
+    aten.clone.default,
+    aten.contiguous.default if hasattr(aten, "contiguous") else aten.clone.default,
+    aten._to_copy.default,
+    aten.alias.default,
+    aten.detach.default,
+}
+
+
+class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Follows router indices and the masks made of them; answers ``nonzero`` on those masks."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        # id(tensor) -> (tensor, value): ("indices", n) uniform over n choices; ("density", p) a mask
+        self._known: dict[int, tuple[weakref.ref[torch.Tensor], tuple[str, float]]] = {}
+
+    def _get(self, t: Any) -> tuple[str, float] | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        entry = self._known.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def _set(self, t: Any, value: tuple[str, float]) -> None:
+        if isinstance(t, torch.Tensor):
+            self._known[id(t)] = (weakref.ref(t), value)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is aten.nonzero.default:
+            return self._nonzero(args[0])
+        out = func(*args, **kwargs)
+        if func in _INDICES_AT:
+            at = 2 if func is aten.topk.default else 1
+            dim = args[at] if len(args) > at else kwargs.get("dim", -1)
+            if isinstance(dim, int) and args[0].dim():
+                self._set(out[_INDICES_AT[func]], ("indices", args[0].shape[dim]))
+        elif func in _INDICES:
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if isinstance(dim, int):
+                self._set(out, ("indices", args[0].shape[dim]))
+        elif func is aten.one_hot.default:  # where it is not decomposed
+            known = self._get(args[0])
+            classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+            if known is not None and known[0] == "indices":
+                self._set(out, ("density", 1 / max(known[1], classes if isinstance(classes, int) else 0)))
+        elif func in (aten.arange.default, aten.arange.start, aten.arange.start_step):
+            self._set(out, ("arange", out.numel()))
+        elif func in (aten.eq.Scalar, aten.eq.Tensor):
+            self._set_match(out, args[0], args[1])
+        elif func in _VIEWS:
+            known = self._get(args[0])
+            if known is not None:
+                self._set(out, known)
+        return out
+
+    def _set_match(self, out: torch.Tensor, left: Any, right: Any) -> None:
+        """``indices == e`` (one expert: 1 in n), and ``indices == arange(C)`` (one_hot's
+        decomposition: each index matches one class of C)."""
+        for indices, other in ((left, right), (right, left)):
+            known = self._get(indices)
+            if known is None or known[0] != "indices":
+                continue
+            if isinstance(other, int) or (isinstance(other, torch.Tensor) and other.numel() == 1):
+                self._set(out, ("density", 1 / known[1]))
+            elif (classes := self._get(other)) is not None and classes[0] == "arange" and classes[1] >= known[1]:
+                self._set(out, ("density", 1 / classes[1]))
+            return
+
+    def _nonzero(self, mask: torch.Tensor) -> torch.Tensor:
+        known = self._get(mask)
+        if known is None or known[0] != "density":
+            raise ProfileError(
+                "nonzero (or torch.where(mask)) needs the values of its input, which an analytic run does not have; "
+                "analytic mode sizes it only for a router's masks (indices from topk/argmax compared with an expert, "
+                "or their one_hot): profile this model on real tensors"
+            )
+        rows = round(mask.numel() * known[1])
+        return torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)
