@@ -105,3 +105,22 @@ def test_a_real_cuda_step_records_the_allocators_figures_beside_the_modelled_one
     # the model's peak counts the step's tensors and workspaces; the allocator's counts them and
     # whatever else the process holds (here, the caller's model and input, copied for the run)
     assert memory.peak_bytes <= measured["max_allocated_bytes"]
+
+
+@pytest.mark.parametrize("case", ["cnn", "transformer", "lstm"])
+def test_the_analytic_target_counts_the_flops_of_the_real_gpu_step(case):
+    import torchvision
+
+    if case == "cnn":
+        model, x, autocast = torchvision.models.resnet18(num_classes=10), torch.randn(8, 3, 64, 64), None
+    elif case == "transformer":
+        layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True, norm_first=True)
+        model, x, autocast = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), torch.randn(4, 128, 256), torch.bfloat16
+    else:
+        model, x, autocast = torch.nn.LSTM(64, 128, 2, batch_first=True), torch.randn(8, 50, 64), None
+    optimizer = torch.optim.AdamW(model.parameters())
+    analytic = profile(model, x, train=True, optimizer=optimizer, autocast=autocast, target="h100")
+    model, x = model.cuda(), x.cuda()
+    real = profile(model, x, train=True, optimizer=torch.optim.AdamW(model.parameters()), autocast=autocast)
+    assert analytic.flops == pytest.approx(real.flops, rel=1e-6)
+    assert analytic.uncounted == real.uncounted == {}
