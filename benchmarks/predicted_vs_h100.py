@@ -14,7 +14,6 @@ per kind the measured and predicted kernel time, and the fitted calibration to s
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import statistics
@@ -25,6 +24,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import gpu_truth  # noqa: E402
 from pytest_modelprof import GPUS, profile  # noqa: E402
 from pytest_modelprof.engine.meters import Meter  # noqa: E402
 from pytest_modelprof.engine.meters.flops import FormulaTable  # noqa: E402
@@ -32,7 +32,6 @@ from pytest_modelprof.engine.meters.predicted import op_features  # noqa: E402
 from pytest_modelprof.engine.targets.cost import KINDS, StepClock, kind_of  # noqa: E402
 from pytest_modelprof.engine.targets.gpus import Calibration  # noqa: E402
 
-TRUTH = ROOT.parent / "shared" / "gpu-truth"
 H100 = GPUS["h100"]
 
 
@@ -48,36 +47,12 @@ class Features(Meter):
 
 
 def workloads() -> dict[str, tuple[list, dict]]:
-    spec = importlib.util.spec_from_file_location("gpu_truth_capture", TRUTH / "capture.py")
-    capture = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(capture)
-    records = {r["name"]: r for r in json.loads((TRUTH / "h100.json").read_text())}
     out = {}
-    for name, (build, make_x, train, dtype, autocast, opt_name) in capture.SHARED.items():
-        with torch.device("meta"):
-            model = build()
-        if dtype is not None:
-            model = model.to(dtype)
-        optimizer = {
-            "sgdm": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
-            "adamw": torch.optim.AdamW,
-            "adam": torch.optim.Adam,
-            None: lambda p: None,
-        }[opt_name](model.parameters())
+    for name, record in gpu_truth.records().items():
+        model, inputs, keywords = gpu_truth.workload(name)
         features = Features()
-        profile(
-            model,
-            make_x("meta", dtype or torch.float32),
-            train=train,
-            optimizer=optimizer,
-            autocast=autocast,
-            target="h100",
-            loss_fn=capture.loss_of,
-            flops=False,
-            memory=False,
-            meters=[features],
-        )
-        out[name] = (features.ops, records[name])
+        profile(model, inputs, target="h100", flops=False, memory=False, meters=[features], **keywords)
+        out[name] = (features.ops, record)
     return out
 
 

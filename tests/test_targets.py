@@ -1,21 +1,18 @@
 """CUDA as the target from a CPU-only machine: the GPU table, CUDA's kernel choices, and whole
 analytic steps against the real H100 allocator figures in ../shared/gpu-truth."""
 
-import importlib.util
-import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from benchmarks import gpu_truth
 from pytest_modelprof import GPUS, GPUSpec, profile
 from pytest_modelprof.engine.targets.gpus import gpu_spec
 from pytest_modelprof.engine.targets.kernels import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
 
 MiB = 1 << 20
-TRUTH = Path(__file__).resolve().parents[2] / "shared" / "gpu-truth"
 
 
 def test_the_gpu_table():
@@ -124,45 +121,14 @@ OPEN_RESERVED = {
 }
 
 
-def _records():
-    path = TRUTH / "h100.json"
-    return {r["name"]: r for r in json.loads(path.read_text())} if path.exists() else {}
-
-
-def _workloads():
-    spec = importlib.util.spec_from_file_location("gpu_truth_capture", TRUTH / "capture.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.skipif(not (TRUTH / "h100.json").exists(), reason="../shared/gpu-truth is not beside this checkout")
-@pytest.mark.parametrize("name", sorted(_records()))
+@pytest.mark.skipif(not gpu_truth.available(), reason="../shared/gpu-truth is not beside this checkout")
+@pytest.mark.parametrize("name", sorted(gpu_truth.records()))
 def test_an_h100_step_from_a_cpu_only_machine(name):
     if name in OPEN:
         pytest.xfail(OPEN[name])
-    capture = _workloads()
-    build, make_x, train, dtype, autocast, opt_name = capture.SHARED[name]
-    with torch.device("meta"):
-        model = build()
-    if dtype is not None:
-        model = model.to(dtype)
-    optimizer = {
-        "sgdm": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
-        "adamw": torch.optim.AdamW,
-        "adam": torch.optim.Adam,
-        None: lambda p: None,
-    }[opt_name](model.parameters())
-    result = profile(
-        model,
-        make_x("meta", dtype or torch.float32),
-        train=train,
-        optimizer=optimizer,
-        autocast=autocast,
-        target="h100",
-        loss_fn=capture.loss_of,
-    )
-    record = _records()[name]["steady_step"]
+    model, inputs, keywords = gpu_truth.workload(name)
+    result = profile(model, inputs, target="h100", **keywords)
+    record = gpu_truth.records()[name]["steady_step"]
     assert math.isclose(result.peak_memory_bytes, record["max_allocated"], rel_tol=0.03)
     if name not in OPEN_RESERVED:
         assert math.isclose(result.memory.estimates["reserved_bytes"], record["max_reserved"], rel_tol=0.05)

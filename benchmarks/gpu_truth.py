@@ -1,0 +1,55 @@
+"""The shared GPU records (../shared/gpu-truth): each workload of capture.py built for an analytic run.
+
+``workload(name)`` gives the model (on the meta device), its inputs and the keyword
+arguments of :func:`pytest_modelprof.profile` that make the step ``capture.py`` measured;
+``records()`` the measured records by name. Used by tests/test_targets.py and the
+predicted-time benchmark.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+TRUTH = Path(__file__).resolve().parents[2] / "shared" / "gpu-truth"
+
+
+def available() -> bool:
+    return (TRUTH / "h100.json").exists() and (TRUTH / "capture.py").exists()
+
+
+@cache
+def capture() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_truth_capture", TRUTH / "capture.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def records() -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in json.loads((TRUTH / "h100.json").read_text())} if available() else {}
+
+
+def workload(name: str) -> tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]:
+    """The model, its inputs and profile()'s keywords (train, optimizer, autocast, loss_fn) for ``name``."""
+    module = capture()
+    build, make_x, train, dtype, autocast, opt_name = module.SHARED[name]
+    with torch.device("meta"):
+        model = build()
+    if dtype is not None:
+        model = model.to(dtype)
+    optimizers = {
+        "sgdm": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+        "adamw": torch.optim.AdamW,
+        "adam": torch.optim.Adam,
+        None: lambda p: None,
+    }
+    keywords = {"train": train, "optimizer": optimizers[opt_name](model.parameters()), "autocast": autocast, "loss_fn": module.loss_of}
+    return model, make_x("meta", dtype or torch.float32), keywords
