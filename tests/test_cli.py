@@ -269,6 +269,7 @@ def test_a_target_gpu_prints_its_memory_and_predicted_step(capsys):
     text = out.getvalue()
     assert "predicted step on h100: " in text and "fitted on 9 H100 steps" in text
     assert "memory: fits in its 85.52 GB" in text
+    assert "h100 time" in text.splitlines()[5]  # the module tree's column of predicted kernel time
     table = text[text.index("predicted step on h100") :].splitlines()
     assert table[2].split()[:1] == ["operator"] and len(table) == 3 + 3  # the header, memory, columns and 3 rows
     assert main([*SMALL, "--target", "h1000"], out=io.StringIO()) == 2

@@ -53,6 +53,11 @@ def module_columns(profile: Profile) -> list[Column]:
                 columns.append(Column("bwd CUDA", lambda m: m.backward_device_seconds, unit="s"))
         whole = _seconds(profile.modules[0])
         columns.append(Column("time share", lambda m: _seconds(m) / whole if whole else None))
+    if profile.predicted is not None:
+        target = profile.predicted.target
+        columns.append(
+            Column(f"{target} time", lambda m: m.predicted_seconds, lambda p: p.predicted.gpu_seconds if p.predicted else 0.0, unit="s")
+        )
     columns.append(Column("share", lambda m: m.share))
     return columns
 
