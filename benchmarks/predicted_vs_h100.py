@@ -144,7 +144,7 @@ def fit(data: dict[str, tuple[list, dict]]) -> Calibration:
         ),
     )
     calibration = dataclasses.replace(calibration, efficiency={**calibration.efficiency, "memory": best[0]}, kernel_seconds=best[1])
-    for kind in ("norm",):
+    for kind in ("norm", "norm_backward"):
         e = min(grid, key=lambda e: loss_of(dataclasses.replace(calibration, efficiency={**calibration.efficiency, kind: e}), (kind,)))
         calibration = dataclasses.replace(calibration, efficiency={**calibration.efficiency, kind: e})
     halves = [10.0**k for k in range(6, 12)]

@@ -53,7 +53,8 @@ def test_a_memory_bound_elementwise_op_and_the_launch_floor_by_hand():
 
 def test_kinds_of_kernels():
     assert kind_of("aten.addmm") == "matmul" and kind_of("aten.view") == "none"
-    assert kind_of("aten.cudnn_batch_norm_backward") == "norm" and kind_of("aten.add") == "memory"
+    assert kind_of("aten.cudnn_batch_norm") == "norm" and kind_of("aten.cudnn_batch_norm_backward") == "norm_backward"
+    assert kind_of("aten.add") == "memory"
     assert kind_of("aten._scaled_dot_product_cudnn_attention_backward") == "attention"
     args = (None,) * 8 + (32,)
     assert kind_of("aten.convolution", args) == "conv_grouped" and kind_of("aten.convolution", (None,) * 8 + (1,)) == "conv"

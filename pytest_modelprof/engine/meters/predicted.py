@@ -84,7 +84,7 @@ def op_features(op: Op, formulas: FormulaTable) -> tuple[str, Kind, int, int, to
     kernels = foreach_kernels(len(lists[0])) if op.name.startswith("aten._foreach_") and lists else 1
     if kind == "rnn":
         kernels = rnn_kernels(op.name, op.args)
-    if kind == "norm":
+    if kind in ("norm", "norm_backward"):
         nbytes = int(nbytes * norm_passes(op.name, op.args))
     return op.name, kind, flops, nbytes, dtype, kernels
 

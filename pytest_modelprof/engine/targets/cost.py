@@ -29,9 +29,9 @@ import torch
 
 from .gpus import Calibration, GPUSpec
 
-Kind = Literal["matmul", "conv", "conv_grouped", "attention", "rnn", "norm", "memory", "none"]
+Kind = Literal["matmul", "conv", "conv_grouped", "attention", "rnn", "norm", "norm_backward", "memory", "none"]
 Bound = Literal["compute", "memory", "launch"]
-KINDS: tuple[Kind, ...] = ("matmul", "conv", "conv_grouped", "attention", "rnn", "norm", "memory")
+KINDS: tuple[Kind, ...] = ("matmul", "conv", "conv_grouped", "attention", "rnn", "norm", "norm_backward", "memory")
 COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_grouped", "attention", "rnn"})  # on tensor cores
 
 _MATMUL = "mm addmm bmm baddbmm addbmm _scaled_mm _grouped_mm addmv mv dot vdot addr _addmm_activation".split()
@@ -64,7 +64,7 @@ KIND_OF: dict[str, Kind] = {
     **{f"aten.{n}": "conv" for n in _CONV},
     **{f"aten.{n}": "attention" for n in _ATTENTION},
     **{f"aten.{n}": "rnn" for n in _RNN},
-    **{f"aten.{n}": "norm" for n in _NORM},
+    **{f"aten.{n}": "norm_backward" if n.endswith("_backward") else "norm" for n in _NORM},
     "aten._conv_depthwise2d": "conv_grouped",
     "aten.conv_depthwise3d": "conv_grouped",
     **{f"aten.{n}": "none" for n in _NO_KERNEL},
