@@ -73,9 +73,17 @@ class FormulaTable:
             _check(op, formula, "formulas=")
             own[_packet(op)] = formula
         self._user = {**_REGISTERED, **own}
+        self._found: dict[Any, Formula | None] = {}  # op -> its formula: the table is fixed once made
 
     def formula_for(self, op: Any) -> Formula | None:
         """The formula that costs ``op``."""
+        if op in self._found:
+            return self._found[op]
+        formula = self._find(op)
+        self._found[op] = formula
+        return formula
+
+    def _find(self, op: Any) -> Formula | None:
         packet = _packet(op)
         formula = self._user.get(packet) or BUILTIN.get(packet)
         if formula is None and str(packet).endswith("_"):
@@ -89,6 +97,16 @@ class FormulaTable:
 def formula_for(op: Any) -> Formula | None:
     """The formula a run without formulas of its own would cost ``op`` with."""
     return FormulaTable().formula_for(op)
+
+
+def cost_of(formula: Formula, op: Op) -> OpCost | None:
+    """``formula``'s cost of one op call (None: this call cannot be counted); a formula that
+    raises or returns something else is a :class:`FormulaError` naming the op."""
+    try:
+        value = formula(*op.args, out_val=op.out, **op.kwargs)
+    except Exception as error:
+        raise FormulaError(f"the FLOP formula for {op.func} raised {type(error).__name__}: {error}") from error
+    return value if type(value) is OpCost else _as_cost(value, op.func)
 
 
 def _as_cost(value: Any, op: Any) -> OpCost | None:
@@ -146,11 +164,7 @@ class FlopMeter(Meter):
                 return
             cost = _ZERO
         else:
-            try:
-                value = formula(*op.args, out_val=op.out, **op.kwargs)
-            except Exception as error:
-                raise FormulaError(f"the FLOP formula for {op.func} raised {type(error).__name__}: {error}") from error
-            counted = value if type(value) is OpCost else _as_cost(value, op.func)
+            counted = cost_of(formula, op)
             if counted is None:
                 self._uncounted(op.name)
                 return

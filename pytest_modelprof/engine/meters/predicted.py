@@ -11,7 +11,7 @@ from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
 from ..targets.cost import Bound, Kind, StepClock, foreach_kernels, kind_of, norm_passes, rnn_kernels
 from ..targets.gpus import GPUSpec
 from . import Meter, Op
-from .flops import FormulaTable, _as_cost
+from .flops import FormulaTable, cost_of
 
 
 class PredictedMeter(Meter):
@@ -75,10 +75,8 @@ def op_features(op: Op, formulas: FormulaTable) -> tuple[str, Kind, int, int, to
         first = op.args[0] if op.args else ()
         nbytes += sum(_bytes(t) for t in tree_flatten(first)[0] if isinstance(t, torch.Tensor))
     formula = formulas.formula_for(op.func)
-    flops = 0
-    if formula is not None:
-        cost = _as_cost(formula(*op.args, out_val=op.out, **op.kwargs), op.func)
-        flops = cost.flops - cost.skipped if cost is not None else 0
+    cost = cost_of(formula, op) if formula is not None else None
+    flops = cost.flops - cost.skipped if cost is not None else 0
     dtype = next((t.dtype for t in (*tensors, *outputs) if t.is_floating_point()), torch.float32)
     lists = [a for a in op.args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
     kernels = foreach_kernels(len(lists[0])) if op.name.startswith("aten._foreach_") and lists else 1
