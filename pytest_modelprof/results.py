@@ -68,6 +68,11 @@ class MemoryReport:
     # max_allocated_bytes, max_reserved_bytes; peak statistics reset at its start), beside the model
     measured: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def footprint_bytes(self) -> int:
+        """What the step holds of a device's memory: the reserved estimate (a CUDA target), else the peak."""
+        return self.estimates.get("reserved_bytes") or self.peak_bytes
+
 
 @dataclass
 class LatencyReport:
@@ -365,8 +370,7 @@ class Profile:
         (its segments, the CUDA context aside) against the GPU's memory; None without a target."""
         if self.target_memory_bytes is None or self.memory is None:
             return None
-        reserved = self.memory.estimates.get("reserved_bytes") or self.memory.peak_bytes
-        return reserved <= self.target_memory_bytes
+        return self.memory.footprint_bytes <= self.target_memory_bytes
 
     @property
     def model_size_bytes(self) -> int:

@@ -38,10 +38,14 @@ def test_cublas_workspace_from_its_configuration(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     assert cublas_workspace_bytes((8, 0)) == 4096 * KiB * 2 + 16 * KiB * 8  # torch's default before Hopper
     assert cublas_workspace_bytes((9, 0)) == 32 * MiB
+
     # per thread that ran products: the step's and the autograd engine's; cuBLASLt's 1 MiB for addmm
-    assert workspace_bytes((9, 0), [{"aten.addmm"}, set()]) == 33 * MiB  # inference with nn.Linear, measured on an H100
-    assert workspace_bytes((9, 0), [{"aten.addmm"}, {"aten.mm"}]) == 65 * MiB  # training, measured
-    assert workspace_bytes((9, 0), [{"aten.relu"}, set()]) == 0
+    def step(*threads):
+        return sum(workspace_bytes((9, 0), ops) for ops in threads)
+
+    assert step({"aten.addmm"}, set()) == 33 * MiB  # inference with nn.Linear, measured on an H100
+    assert step({"aten.addmm"}, {"aten.mm"}) == 65 * MiB  # training, measured
+    assert step({"aten.relu"}, set()) == 0
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
     assert cublas_workspace_bytes((8, 0)) == (4096 + 16) * KiB
 

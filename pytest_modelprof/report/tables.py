@@ -408,11 +408,11 @@ def format_predicted(profile: Profile, top: int = 10) -> str:
         f"(GPU busy {format_seconds(predicted.gpu_seconds)}, host issuing {format_seconds(predicted.host_seconds)}; {calibration})"
     ]
     if profile.fits is not None and profile.memory is not None:
-        reserved = profile.memory.estimates.get("reserved_bytes") or profile.memory.peak_bytes
         verdict = "fits" if profile.fits else "does not fit"
         lines.append(
             f"memory: {verdict} in its {format_count(profile.target_memory_bytes or 0, 'B')} "
-            f"(reserved {format_count(reserved, 'B')}, allocated peak {format_count(profile.memory.peak_bytes, 'B')})"
+            f"(reserved {format_count(profile.memory.footprint_bytes, 'B')}, "
+            f"allocated peak {format_count(profile.memory.peak_bytes, 'B')})"
         )
     rows = [("operator", "phase", "calls", "time", "share", "bound", "FLOP/byte", "FLOP/s")]
     for op in predicted.ops[:top]:

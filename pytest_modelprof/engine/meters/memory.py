@@ -211,8 +211,8 @@ class MemoryMeter(Meter):
     # the profile ----------------------------------------------------------------
 
     def contribute(self, profile: Profile, modules: dict[str, ModuleStats]) -> None:
-        if self.events is not None:
-            self._add_workspace(self._workspace_bytes())
+        workspaces = self._workspaces() if self.events is not None else []
+        self._add_workspace(sum(workspaces))
         phase, key = self.peak_where
         profile.memory = MemoryReport(
             peak_bytes=self.peak,
@@ -224,7 +224,7 @@ class MemoryMeter(Meter):
             timeline=[(phase, list(row)) for phase, row in self.timeline],
             block_bytes=self.round_to,
             parameters=self.parameters,
-            estimates=self._cuda_estimates() if self.events is not None else {},
+            estimates=self._cuda_estimates(workspaces) if self.events is not None else {},
             measured=dict(self.measured),
         )
         profile.peak_memory_bytes = self.peak
@@ -255,14 +255,13 @@ class MemoryMeter(Meter):
                     row.modules.append(key[-1])
             row.allocated_bytes += allocated
 
-    def _capability(self) -> tuple[int, int]:
+    def _workspaces(self) -> list[int]:
+        """The cuBLAS workspaces of each thread of the step (see :func:`..targets.allocator.workspace_bytes`)."""
         if self._target is not None and self._target.type == "cuda" and torch.cuda.is_available() and self._gpu is None:
-            return torch.cuda.get_device_capability(self._target)
-        return self._gpu.compute_capability if self._gpu is not None else (0, 0)
-
-    def _workspace_bytes(self) -> int:
-        """The cuBLAS workspaces of the step: resident in a steady step (see :func:`..targets.allocator.workspace_bytes`)."""
-        return workspace_bytes(self._capability(), list(self.matmuls))
+            capability = torch.cuda.get_device_capability(self._target)
+        else:
+            capability = self._gpu.compute_capability if self._gpu is not None else (0, 0)
+        return [workspace_bytes(capability, ops) for ops in self.matmuls]
 
     def _add_workspace(self, workspace: int) -> None:
         """Workspace allocated before the step (in an earlier one) and held: a constant under the whole timeline."""
@@ -276,11 +275,12 @@ class MemoryMeter(Meter):
         for where in self.module_peaks:
             self.module_peaks[where] += workspace
 
-    def _cuda_estimates(self) -> dict[str, int | None]:
+    def _cuda_estimates(self, workspaces: list[int]) -> dict[str, int | None]:
         """What a CUDA process holds beyond the allocated bytes, estimated (see :mod:`..targets.allocator`)."""
-        return {"reserved_bytes": reserved_bytes(self._allocator_history()), "cudnn_workspace_bytes": None, "cuda_context_bytes": None}
+        history = self._allocator_history(workspaces)
+        return {"reserved_bytes": reserved_bytes(history), "cudnn_workspace_bytes": None, "cuda_context_bytes": None}
 
-    def _allocator_history(self) -> list[tuple[Any, int]]:
+    def _allocator_history(self, workspaces: list[int]) -> list[tuple[Any, int]]:
         """The caching allocator's requests up to the end of a steady step, as a training script
         makes them: the resident tensors; a first step, in which the optimizer creates its state
         when it first steps and each thread's cuBLAS workspace comes at its first matrix product;
@@ -293,8 +293,7 @@ class MemoryMeter(Meter):
             inserts.setdefault(marks["optimizer"], []).extend(state)
         else:
             resident = resident + state
-        for thread, ops in enumerate(self.matmuls):
-            size = workspace_bytes(self._capability(), [ops])
+        for thread, size in enumerate(workspaces):
             if size:
                 inserts.setdefault(marks[f"matmul{thread}"], []).append((("workspace", thread), size))
         first: list[tuple[Any, int]] = []

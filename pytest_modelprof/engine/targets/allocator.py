@@ -145,15 +145,13 @@ def lt_workspace_bytes() -> int:
     return int(size) * 1024 if size.isdigit() else 1 << 20
 
 
-def workspace_bytes(capability: tuple[int, int], ops_per_thread: list[set[str]]) -> int:
-    """The workspaces a steady step holds: for each thread that ran matrix products (the
-    step's own, and the autograd engine's CUDA thread for the backward pass: cuBLAS
-    handles are per thread), one cuBLAS workspace, and cuBLASLt's 1 MiB where a product
-    with a bias epilogue (``addmm``) ran. Measured on an H100 (torch 2.11): a step's
-    allocated bytes before it starts exceed its tensors by 33 MiB for inference with
-    ``nn.Linear`` and by 65 MiB for training."""
-    total = 0
-    for ops in ops_per_thread:
-        if ops & CUBLAS_OPS:
-            total += cublas_workspace_bytes(capability) + (lt_workspace_bytes() if ops & LT_OPS else 0)
-    return total
+def workspace_bytes(capability: tuple[int, int], ops: set[str]) -> int:
+    """The workspaces one thread holds once it has run the matrix products ``ops`` (cuBLAS
+    handles are per thread: the step's own, and the autograd engine's CUDA thread for the
+    backward pass): one cuBLAS workspace, and cuBLASLt's 1 MiB where a product with a bias
+    epilogue (``addmm``) ran. Measured on an H100 (torch 2.11): a step's allocated bytes
+    before it starts exceed its tensors by 33 MiB for inference with ``nn.Linear`` and by
+    65 MiB for training."""
+    if not ops & CUBLAS_OPS:
+        return 0
+    return cublas_workspace_bytes(capability) + (lt_workspace_bytes() if ops & LT_OPS else 0)
