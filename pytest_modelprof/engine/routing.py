@@ -42,7 +42,6 @@ _VIEWS = {
     aten.unsqueeze.default,
     aten.expand.default,
     aten.clone.default,
-    aten.contiguous.default if hasattr(aten, "contiguous") else aten.clone.default,
     aten._to_copy.default,
     aten.alias.default,
     aten.detach.default,

@@ -145,10 +145,10 @@ class CudaKernels:
 
     ``scaled_dot_product_attention`` makes its choice inside one C++ function, without a
     dispatched op to answer; so ``torch.nn.functional.scaled_dot_product_attention`` is
-    replaced for the run (code that took its own reference to it at import time keeps the
-    stock one) by :meth:`attention`, which does what that function does for the chosen
-    backend: cast to autocast's dtype (it is on autocast's lower-precision list), call the
-    backend's op (whose autograd formula runs its backward kernel), return its output.
+    replaced for the run (and calls through a reference taken at import time are caught by
+    a TorchFunctionMode) by :meth:`attention`, which does what that function does for the
+    chosen backend: cast to autocast's dtype (it is on autocast's lower-precision list), call
+    the backend's op (whose autograd formula runs its backward kernel), return its output.
     """
 
     def __init__(self, gpu: GPUSpec) -> None:
@@ -218,7 +218,7 @@ def recurrent(stock: Any, mode: int) -> Any:
         if input.device.type != "cuda" or (isinstance(args[0], torch.Tensor) and args[0].dim() == 1):
             return stock(input, *args)  # not CUDA, or a packed sequence (batch sizes first)
         hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first = args
-        h, c = (hx if mode == 2 else (hx, None)) if isinstance(hx, (tuple, list)) else (hx, None)
+        h, c = hx if mode == 2 else (hx, None)  # an LSTM's state is (h, c)
         hidden = c.shape[-1] if c is not None else h.shape[-1]
         proj = h.shape[-1] if c is not None and h.shape[-1] != hidden else 0
         stride0 = (4 if has_biases else 2) + (1 if proj else 0)
