@@ -76,21 +76,22 @@ def _depthwise(name: str, shapes: str) -> bool:
     return len(weight) >= 3 and weight[1] == 1 and weight[0] > 1
 
 
-def predicted_by_kind(ops: list, calibration: Calibration) -> dict[str, float]:
+def replay(ops: list, calibration: Calibration) -> tuple[StepClock, list[float]]:
+    """The step's ops issued on an H100 under ``calibration``: the clock, and each op's kernel seconds."""
     clock = StepClock(H100, calibration)
+    return clock, [clock.issue(name, kind, flops, nbytes, dtype, kernels)[0] for name, kind, flops, nbytes, dtype, kernels in ops]
+
+
+def predicted_by_kind(ops: list, calibration: Calibration) -> dict[str, float]:
     kinds = dict.fromkeys(KINDS, 0.0)
-    for name, kind, flops, nbytes, dtype, kernels in ops:
-        seconds, _ = clock.issue(name, kind, flops, nbytes, dtype, kernels)
+    for (_, kind, *_rest), seconds in zip(ops, replay(ops, calibration)[1]):
         if kind != "none":
             kinds[kind] += seconds
     return kinds
 
 
 def step_seconds(ops: list, calibration: Calibration) -> float:
-    clock = StepClock(H100, calibration)
-    for name, kind, flops, nbytes, dtype, kernels in ops:
-        clock.issue(name, kind, flops, nbytes, dtype, kernels)
-    return clock.seconds
+    return replay(ops, calibration)[0].seconds
 
 
 # the names torch.profiler records for the kernels behind the ops the engine sees
@@ -111,10 +112,8 @@ def per_op_errors(ops: list, record: dict, calibration: Calibration) -> list[flo
         name = op["op"].replace("::", ".")
         name = ALIASES.get(name, name)
         measured[name] = measured.get(name, 0.0) + op["self_device_us"] * 1e-6
-    clock = StepClock(H100, calibration)
     predicted: dict[str, float] = {}
-    for name, kind, flops, nbytes, dtype, kernels in ops:
-        seconds, _ = clock.issue(name, kind, flops, nbytes, dtype, kernels)
+    for (name, *_rest), seconds in zip(ops, replay(ops, calibration)[1]):
         predicted[name] = predicted.get(name, 0.0) + seconds
     top = sorted(measured, key=lambda n: -measured[n])[:20]
     return [predicted[n] / measured[n] - 1 for n in top if predicted.get(n)]
