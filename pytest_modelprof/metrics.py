@@ -59,6 +59,15 @@ class Metric:
     sampled: bool = False  # a sample's median: compared through its confidence interval (the timing's)
     reference: str | None = None  # the metric recorded beside its baselines that brings it to their machine's speed
 
+    def table_key(self, profile: Profile) -> str | None:
+        """The key of this metric's ceiling tables that applies to ``profile``: its device kind
+        (per-device metrics), its target GPU or else device kind (per-target ones); None: no tables."""
+        if self.per_device:
+            return device_kind(profile)
+        if self.per_target:
+            return profile.target or device_kind(profile)
+        return None
+
     def interval(self, profile: Profile, confidence: float) -> tuple[float, float] | None:
         """The confidence interval of a sampled figure, in this metric's unit; None for exact ones."""
         report = self.timing(profile) if self.sampled and self.timing is not None else None
@@ -162,12 +171,6 @@ CONFIDENCE = 0.95  # of the interval a latency must lie wholly beyond to pass or
 def device_kind(profile: Profile) -> str:
     """``"cpu"`` or ``"cuda"``: the key of per-device ceilings such as ``max_latency_ms``."""
     return profile.device.partition(":")[0]
-
-
-def target_key(profile: Profile) -> str:
-    """The key of per-target ceilings such as ``max_peak_memory_mb = { h100 = 4200 }``: the
-    target GPU's name (``profile(target=)``), else the device kind."""
-    return profile.target or device_kind(profile)
 
 
 TIMED = tuple(key for key, metric in METRICS.items() if metric.timing is not None)  # a budget of these asks for a timed run

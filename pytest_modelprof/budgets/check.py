@@ -27,7 +27,7 @@ from typing import Final, Literal
 
 from .. import stats
 from .._format import plain
-from ..metrics import CONFIDENCE, LIMITED, METRICS, Metric, device_kind, target_key
+from ..metrics import CONFIDENCE, LIMITED, METRICS, Metric
 from ..results import Profile
 from .load import ProfileBudget
 
@@ -115,9 +115,9 @@ def check(profile: Profile, name: str, budget: ProfileBudget | None, *, baseline
             findings.extend(found)
             machines = budget.machine_baselines.get(metric.key, {})
             targets = budget.device_ceilings.get(metric.key, {}) if metric.per_target else {}
-            if targets and target_key(profile) not in targets and metric.key not in budget.ceilings:
+            if targets and metric.table_key(profile) not in targets and metric.key not in budget.ceilings:
                 notes.append(
-                    f"max_{metric.key}: no ceiling for {target_key(profile)} (given for {', '.join(sorted(targets))}): "
+                    f"max_{metric.key}: no ceiling for {metric.table_key(profile)} (given for {', '.join(sorted(targets))}): "
                     f"not checked [{budget.shown}:{budget.line_of('max_' + metric.key)}]"
                 )
             if metric.per_device and not found and machines:
@@ -142,11 +142,8 @@ def check(profile: Profile, name: str, budget: ProfileBudget | None, *, baseline
 
 def _ceilings(metric: Metric, measured: float, profile: Profile, budget: ProfileBudget) -> list[Finding]:
     key = f"max_{metric.key}"
-    limit = None
-    if metric.per_device:
-        limit = budget.device_ceilings.get(metric.key, {}).get(device_kind(profile))
-    elif metric.per_target:
-        limit = budget.device_ceilings.get(metric.key, {}).get(target_key(profile))
+    table = metric.table_key(profile)
+    limit = budget.device_ceilings.get(metric.key, {}).get(table) if table is not None else None
     if limit is None:
         limit = budget.ceilings.get(metric.key)
     if limit is None:
