@@ -23,13 +23,19 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from .budgets import REGRESSED, BudgetError, check, load_budgets
+from . import ci
+from .budgets import NEW, REGRESSED, BudgetError, check, load_budgets
+from .compare import compare as compare_profiles
+from .compare import parse_fail_on
 from .engine import ProfileError, Timing, profile
 from .engine.targets.gpus import ALIASES, GPUS
 from .engine.workload import DEVICE_KINDS, device_kind
+from .report.compare import comparison_markdown, format_comparison
 from .report.export import write_modules_csv, write_ops_csv
+from .report.summary import format_markdown
 from .report.tables import format_memory_report, format_op_table, format_op_times, format_predicted, format_top, format_tree_table
 from .report.text import format_header
+from .session import ArtifactError, Artifacts, merge_sessions, read_artifacts
 
 DTYPES = {
     "float32": torch.float32,
@@ -131,14 +137,68 @@ EXIT_REGRESSED = 1  # the profile is over its budget
 EXIT_INTERNAL = 3  # a fault of modelprof itself
 
 
+def build_artifacts_parser(command: str) -> argparse.ArgumentParser:
+    """``modelprof merge`` and ``modelprof compare``: commands on the JSON artifacts of pytest runs."""
+    if command == "merge":
+        parser = argparse.ArgumentParser(
+            prog="modelprof merge",
+            description="Merge the JSON artifacts (--modelprof-json DIR) of several pytest runs, the shards of a CI matrix, "
+            "into one session: one summary, one verdict against the budget files, and with --update one write of the baselines.",
+        )
+        parser.add_argument("directories", nargs="+", metavar="DIR", help="a shard's artifact directory")
+        parser.add_argument("-o", "--output", metavar="DIR", help="write the merged session's artifacts into DIR")
+        parser.add_argument(
+            "--budgets", metavar="DIR", help="the budget directory (default: the one the shards recorded, from the current directory)"
+        )
+        parser.add_argument("--update", action="store_true", help="write the shards' figures as the new baselines, as one run would")
+        parser.add_argument(
+            "--prune",
+            action="store_true",
+            help="with --update: remove stale entries (only if the shards together ran every collected test)",
+        )
+        parser.add_argument("--strict", action="store_true", help="fail when a profile has no budget entry")
+    else:
+        parser = argparse.ArgumentParser(
+            prog="modelprof compare",
+            description="Compare two sets of JSON artifacts (--modelprof-json DIR, or modelprof merge -o DIR), e.g. a pull "
+            "request's base and head: each profile's metrics on both, the change, new and removed profiles.",
+        )
+        parser.add_argument("base", metavar="BASE_DIR", help="the artifacts of the base (the reference)")
+        parser.add_argument("head", metavar="HEAD_DIR", help="the artifacts of the head (the change)")
+        parser.add_argument(
+            "--markdown", metavar="FILE", help="append the comparison as Markdown to FILE (a pull request comment, $GITHUB_STEP_SUMMARY)"
+        )
+        parser.add_argument(
+            "--fail-on",
+            action="append",
+            default=[],
+            metavar="RULE",
+            help="exit 1 on such a change: gflops:+1%% (an increase of more than 1%%), peak_memory_mb:+50 (in the metric's unit), "
+            "latency_ms:-10%% (a decrease), new, removed; repeatable or comma-separated",
+        )
+    parser.add_argument("--traceback", action="store_true", help="on an error, print the full traceback, not one line")
+    return parser
+
+
+ARTIFACT_COMMANDS = ("merge", "compare")
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """The ``modelprof`` command; returns its exit status: 0, 1 over budget, 2 a usage error
-    (one line on stderr; ``--traceback`` prints the whole chain), 3 an internal fault."""
+    (one line on stderr; ``--traceback`` prints the whole chain), 3 an internal fault.
+
+    ``modelprof merge ...`` and ``modelprof compare ...`` work on the JSON artifacts of pytest runs."""
     out = out or sys.stdout
-    parser = build_parser()
-    options = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    command = arguments[0] if arguments and arguments[0] in ARTIFACT_COMMANDS else None
+    if command is not None:
+        options = build_artifacts_parser(command).parse_args(arguments[1:])
+        action: Callable[[argparse.Namespace, TextIO], int] = merge if command == "merge" else compare
+    else:
+        options = build_parser().parse_args(arguments)
+        action = run
     try:
-        return run(options, out)
+        return action(options, out)
     except CliError as error:
         if options.traceback:
             traceback.print_exception(error, file=sys.stderr)
@@ -150,6 +210,69 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         hint = "" if options.traceback else " (run again with --traceback for the details)"
         print(f"modelprof: internal error: {type(error).__name__}: {_one_line(error)}{hint}", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def merge(options: argparse.Namespace, out: TextIO) -> int:
+    """``modelprof merge``: the shards' artifacts as one session, checked against the budget files."""
+    if options.prune and not options.update:
+        raise CliError("--prune needs --update: pruning rewrites the budget files")
+    shards = _read_artifacts(options.directories)
+    recorded = sorted({shard.budgets for shard in shards})
+    if options.budgets is None and len(recorded) > 1:
+        raise CliError(f"the shards recorded different budget directories ({', '.join(recorded)}): say which with --budgets")
+    root = Path.cwd()
+    directory = Path(options.budgets) if options.budgets else root / recorded[0]
+    try:
+        budgets = load_budgets(directory, required=True, root=root)
+        state = merge_sessions(shards, budgets, update=options.update, prune=options.prune, strict=options.strict)
+    except (BudgetError, ArtifactError) as error:
+        raise CliError(str(error)) from None
+    state.finish()
+    if options.output:
+        state.write_json(Path(options.output))
+    print(f"model budgets, merged from {len(shards)} runs ({len(state.records)} profiles)", file=out)
+    for line in state.summary(root):
+        print(line, file=out)
+    verdicts = state.verdicts()
+    if ci.in_github_actions():
+        for line in ci.error_annotations(verdicts, root):
+            print(line, file=out)
+        if verdicts:
+            ci.append_step_summary("## Model budgets\n\n" + format_markdown(state.rows()))
+    if options.output:
+        print(f"wrote {options.output}", file=out)
+    failed = state.errors or any(v.status == REGRESSED for v in verdicts) or (options.strict and any(v.status == NEW for v in verdicts))
+    return EXIT_REGRESSED if failed else 0
+
+
+def compare(options: argparse.Namespace, out: TextIO) -> int:
+    """``modelprof compare``: each profile's metrics on base and head; ``--fail-on`` rules decide the exit status."""
+    try:
+        rules = [parse_fail_on(text) for item in options.fail_on for text in item.split(",") if text.strip()]
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    if options.markdown:
+        _check_output("--markdown", options.markdown)
+    base, head = _read_artifacts([options.base, options.head])
+    rows = compare_profiles({n: p for n, _, p in base.records}, {n: p for n, _, p in head.records})
+    print(f"model budgets: {options.base} (base) vs {options.head} (head)", file=out)
+    for line in format_comparison(rows):
+        print(line, file=out)
+    if options.markdown:
+        with open(options.markdown, "a", encoding="utf-8") as handle:
+            handle.write(comparison_markdown(rows))
+        print(f"appended the comparison to {options.markdown}", file=out)
+    failures = [failure for rule in rules for row in rows if (failure := rule.failure(row)) is not None]
+    for failure in failures:
+        print(f"FAILED --fail-on {failure}", file=out)
+    return EXIT_REGRESSED if failures else 0
+
+
+def _read_artifacts(directories: list[str]) -> list[Artifacts]:
+    try:
+        return [read_artifacts(Path(directory)) for directory in directories]
+    except ArtifactError as error:
+        raise CliError(str(error)) from None
 
 
 def _one_line(error: BaseException) -> str:

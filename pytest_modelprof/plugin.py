@@ -16,12 +16,11 @@ import pytest
 import torch
 
 from . import ci, hookspecs
-from .budgets import BudgetError, Verdict, load_budgets
-from .budgets.load import shown_path
+from .budgets import BudgetError, load_budgets
 from .engine import LatencyWarning, Profile, Timing, profile
 from .engine.workload import DEVICE_KINDS, device_kind
 from .metrics import TIMED
-from .report.summary import format_markdown, format_table, summary_row
+from .report.summary import format_markdown
 from .report.tables import format_tree_table
 from .report.text import format_header
 from .session import ModelprofSession, ProfileNameError
@@ -315,10 +314,15 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     return result
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> Generator[None, None, None]:
+    """What was collected (around every plugin's selection: ``-k``, ``-m``, pytest-split) and what is left to run."""
     coverage = config.stash[STATE].coverage
     coverage.scope = _scope(config)
-    coverage.tests.update(item.nodeid for item in items)
+    coverage.collected.update(item.nodeid for item in items)
+    result = yield
+    coverage.selected.update(item.nodeid for item in items)
+    return result
 
 
 def _scope(config: pytest.Config) -> list[str]:
@@ -337,17 +341,23 @@ def _scope(config: pytest.Config) -> list[str]:
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
-    if items:
-        items[0].config.stash[STATE].coverage.complete = False
+    if items:  # collected, not run (also when deselected outside pytest_collection_modifyitems)
+        coverage = items[0].config.stash[STATE].coverage
+        coverage.collected.update(item.nodeid for item in items)
+        coverage.selected.difference_update(item.nodeid for item in items)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = config.stash[STATE]
-    if session.shouldfail or session.shouldstop or exitstatus == pytest.ExitCode.INTERRUPTED:
-        state.coverage.complete = False
-    if config.option.collectonly or getattr(config.option, "lf", False):
-        state.coverage.complete = False
+    for reason, applies in (
+        ("stopped early", bool(session.shouldfail or session.shouldstop)),
+        ("interrupted", exitstatus == pytest.ExitCode.INTERRUPTED),
+        ("--collect-only", bool(config.option.collectonly)),
+        ("--lf", bool(getattr(config.option, "lf", False))),
+    ):
+        if applies:
+            state.coverage.stop(reason)
     if hasattr(config, "workerinput"):  # an xdist worker: the controller merges and writes
         config.workeroutput["modelprof"] = state.worker_output()  # type: ignore[attr-defined]
         return
@@ -358,17 +368,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state.errors:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if ci.in_github_actions() and (state.records or state.stale):
-        ci.append_step_summary("## Model budgets\n\n" + format_markdown(_rows(state, state.verdicts())))
-
-
-def _rows(state: ModelprofSession, verdicts: list[Verdict]) -> list[Any]:
-    rows = []
-    for verdict in verdicts:
-        record = state.records.get(verdict.name)
-        budget = state.budgets.profiles.get(verdict.name)
-        baseline = budget.baselines.get("gflops") if budget else None
-        rows.append(summary_row(verdict, record.profile if record else None, baseline))
-    return rows
+        ci.append_step_summary("## Model budgets\n\n" + format_markdown(state.rows()))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -376,21 +376,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if hasattr(config, "workerinput") or not (state.records or state.stale or state.errors):
         return
     write = terminalreporter.write_line
-    verdicts = state.verdicts()
     terminalreporter.section("model budgets")
-    for line in format_table(_rows(state, verdicts)):
-        write(line)
-    for verdict in verdicts:
-        for note in verdict.notes:
-            write(f"{verdict.name}: {note}")
-    for error in state.errors:
-        write(f"ERROR: {error}", red=True)
-    for path in state.written:
-        write(f"updated {shown_path(path, config.rootpath)}")
-    for hint in _next_steps(verdicts, state):
-        write(hint)
+    for line in state.summary(config.rootpath):
+        write(line, red=line.startswith("ERROR: "))
     if ci.in_github_actions():
-        for line in ci.error_annotations(verdicts, config.rootpath):
+        for line in ci.error_annotations(state.verdicts(), config.rootpath):
             write(line)
     depth = option(config, "tree")
     if depth:
@@ -398,27 +388,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             write("")
             for line in (format_header(record.profile) + "\n\n" + format_tree_table(record.profile, depth=int(depth))).splitlines():
                 write(line)
-
-
-def _next_steps(verdicts: list[Verdict], state: ModelprofSession) -> list[str]:
-    statuses = {v.status for v in verdicts}
-    hints = []
-    if state.update:
-        if state.stale and not state.prune:
-            hints.append("stale entries kept; to remove them: pytest --modelprof-update --modelprof-prune")
-        return hints
-    regressions = [f for v in verdicts for f in v.regressions]
-    if any(f.tolerance is not None for f in regressions):
-        hints.append("if an increase over a baseline is intended, record it as the new baseline: pytest --modelprof-update")
-    if any(f.tolerance is None for f in regressions):
-        hints.append("a ceiling (max_*) is written by hand: --modelprof-update does not change it; raise it in its file, or fix the model")
-    if "improved" in statuses:
-        hints.append("to lock in the improvement: pytest --modelprof-update")
-    if "new" in statuses:
-        hints.append("to record budgets for new profiles: pytest --modelprof-update")
-    if "stale" in statuses:
-        hints.append("stale entries (no test made them): pytest --modelprof-update --modelprof-prune removes them")
-    return hints
 
 
 class OutcomeHooks:
@@ -431,7 +400,7 @@ class OutcomeHooks:
     @pytest.hookimpl
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
-            self.coverage.complete = False
+            self.coverage.stop(f"collection error in {report.nodeid or 'the rootdir'}")
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -448,6 +417,6 @@ class XdistHooks:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         output = getattr(node, "workeroutput", {}).get("modelprof")
         if error or not output:  # a worker that crashed: what it would have collected is unknown
-            self.config.stash[STATE].coverage.complete = False
+            self.config.stash[STATE].coverage.stop(f"xdist worker {getattr(getattr(node, 'gateway', None), 'id', '?')} went down")
         if output:
             self.config.stash[STATE].merge_worker(output)

@@ -3,19 +3,31 @@ the end of the session writes (baselines, JSON artifacts)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import re
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .budgets import NEW, REGRESSED, STALE, UNCHANGED, UPDATED, BudgetError, Budgets, Finding, Verdict, check, update_files
 from .budgets.load import shown_path
-from .metrics import LIMITED
+from .metrics import LIMITED, METRICS
+from .report.summary import SummaryRow, format_table, summary_row
 from .results import Profile
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # of the JSON artifacts (session.json and one file per profile)
+
+
+def project_version() -> str:
+    """This package's version, recorded in the artifacts: shards made by different versions are not merged."""
+    try:
+        return importlib.metadata.version("pytest-modelprof")
+    except importlib.metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown"
 
 
 @dataclass
@@ -36,25 +48,54 @@ class RunCoverage:
     """What a run covered, to tell a stale budget entry (no collected test can make it)
     from one whose test did not get to make it (skipped, failed, deselected, not reached).
 
-    ``complete`` is false after any deselection (``-k``, ``-m``, ``--lf``), an early stop
-    (``-x``, ``--maxfail``), a collection error, an interrupt or ``--collect-only``.
-    ``scope`` holds the paths (relative to the rootdir, ``/``-separated) collected in
-    full: a test file under one of them that was not collected no longer exists.
+    ``collected`` holds every test collected, ``selected`` those left to run after
+    deselection (``-k``, ``-m``, a pytest-split shard); ``stopped`` says why the run did
+    not run all it selected (an early stop, a collection error, an interrupt,
+    ``--collect-only``, ``--lf``, a crashed worker). The run is complete when nothing
+    stopped it and it selected all it collected: then a test file under ``scope`` (the
+    paths, relative to the rootdir and ``/``-separated, collected in full) that was not
+    collected no longer exists. Coverages merge (xdist workers, the shards of a matrix):
+    shards that each select part of one collection together cover all of it.
     """
 
-    complete: bool = True
     scope: list[str] = field(default_factory=list)
-    tests: set[str] = field(default_factory=set)  # node ids collected
+    collected: set[str] = field(default_factory=set)  # node ids collected, before deselection
+    selected: set[str] = field(default_factory=set)  # node ids left to run after deselection
+    stopped: set[str] = field(default_factory=set)  # why the run did not run all it selected
     passed: set[str] = field(default_factory=set)  # node ids whose every phase passed
     not_passed: set[str] = field(default_factory=set)  # node ids with a phase failed, skipped or xfailed
 
+    @property
+    def complete(self) -> bool:
+        return not self.stopped and self.collected <= self.selected
+
+    def incomplete(self) -> str | None:
+        """Why the run is not complete, in a sentence; None when it is."""
+        if self.stopped:
+            return "the run was cut short (" + "; ".join(sorted(self.stopped)) + ")"
+        missing = sorted(self.collected - self.selected)
+        if not missing:
+            return None
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        return f"{len(missing)} of the {len(self.collected)} collected tests were not selected to run ({shown})"
+
+    def stop(self, reason: str) -> None:
+        self.stopped.add(reason)
+
     def to_json(self) -> dict[str, Any]:
-        return {"complete": self.complete, "scope": self.scope, "tests": sorted(self.tests)}
+        return {
+            "scope": self.scope,
+            "collected": sorted(self.collected),
+            "selected": sorted(self.selected),
+            "stopped": sorted(self.stopped),
+            "passed": sorted(self.passed),
+            "not_passed": sorted(self.not_passed),
+        }
 
     def merge(self, data: dict[str, Any]) -> None:
-        self.complete = self.complete and data["complete"]
         self.scope = sorted(set(self.scope) | set(data["scope"]))
-        self.tests.update(data["tests"])
+        for key in ("collected", "selected", "stopped", "passed", "not_passed"):
+            getattr(self, key).update(data[key])
 
     def report(self, nodeid: str, when: str, outcome: str) -> None:
         """One phase's outcome (``passed``, ``failed``, ``skipped``: xfail is a skip)."""
@@ -74,7 +115,7 @@ class RunCoverage:
         test = name.partition("#")[0]
         if "::" not in test:
             return False
-        if test in self.tests:
+        if test in self.collected:
             return test in self.passed and test not in self.not_passed
         file = test.partition("::")[0]
         return self.complete and any(file == path or file.startswith(path.rstrip("/") + "/") or not path for path in self.scope)
@@ -100,6 +141,7 @@ class ModelprofSession:
         self.stale: list[str] = []
         self.written: list[Path] = []
         self.errors: list[str] = []  # what fails the session besides its tests
+        self.notes: list[str] = []  # what the summary says about the session as a whole
         self.conflicts: dict[str, list[str]] = {}  # a name that tests on two xdist workers made: their node ids
 
     def record(self, name: str, nodeid: str, profile: Profile) -> Record:
@@ -194,6 +236,49 @@ class ModelprofSession:
         rows += [Verdict(name, STALE, path=self.budgets.profiles[name].shown, line=self.budgets.profiles[name].line) for name in self.stale]
         return rows
 
+    def rows(self) -> list[SummaryRow]:
+        """The summary table's rows: one per profile and per stale entry."""
+        rows = []
+        for verdict in self.verdicts():
+            record = self.records.get(verdict.name)
+            budget = self.budgets.profiles.get(verdict.name)
+            baseline = budget.baselines.get("gflops") if budget else None
+            rows.append(summary_row(verdict, record.profile if record else None, baseline))
+        return rows
+
+    def summary(self, root: Path) -> list[str]:
+        """The end-of-session summary: the table, each profile's notes, the session's notes and
+        errors (``ERROR:`` lines), the files written and what to do next."""
+        lines = format_table(self.rows())
+        lines += [f"{verdict.name}: {note}" for verdict in self.verdicts() for note in verdict.notes]
+        lines += self.notes
+        lines += [f"ERROR: {error}" for error in self.errors]
+        lines += [f"updated {shown_path(path, root).as_posix()}" for path in self.written]
+        return lines + self.next_steps()
+
+    def next_steps(self) -> list[str]:
+        verdicts = self.verdicts()
+        statuses = {v.status for v in verdicts}
+        hints = []
+        if self.update:
+            if self.stale and not self.prune:
+                hints.append("stale entries kept; to remove them: pytest --modelprof-update --modelprof-prune")
+            return hints
+        regressions = [f for v in verdicts for f in v.regressions]
+        if any(f.tolerance is not None for f in regressions):
+            hints.append("if an increase over a baseline is intended, record it as the new baseline: pytest --modelprof-update")
+        if any(f.tolerance is None for f in regressions):
+            hints.append(
+                "a ceiling (max_*) is written by hand: --modelprof-update does not change it; raise it in its file, or fix the model"
+            )
+        if "improved" in statuses:
+            hints.append("to lock in the improvement: pytest --modelprof-update")
+        if "new" in statuses:
+            hints.append("to record budgets for new profiles: pytest --modelprof-update")
+        if "stale" in statuses:
+            hints.append("stale entries (no test made them): pytest --modelprof-update --modelprof-prune removes them")
+        return hints
+
     def write_json(self, directory: Path) -> None:
         """One JSON file per profile and ``session.json``, as the shipped schema describes."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -217,7 +302,9 @@ class ModelprofSession:
             counts[verdict.status] = counts.get(verdict.status, 0) + 1
         summary = {
             "schema_version": SCHEMA_VERSION,
-            "budgets": str(shown_path(self.budgets.directory, self.budgets.root)),
+            "modelprof_version": project_version(),
+            "coverage": self.coverage.to_json(),
+            "budgets": shown_path(self.budgets.directory, self.budgets.root).as_posix(),
             "profiles": entries,
             "stale": self.stale,
             "counts": counts,
@@ -264,3 +351,120 @@ def _finding(finding: Any) -> dict[str, Any]:
         "note": finding.note,
         "reason": finding.reason,
     }
+
+
+# reading artifacts back: merging the shards of a matrix ---------------------------
+
+
+class ArtifactError(ValueError):
+    """An artifact directory or file that cannot be read or merged; the message names the file."""
+
+
+@dataclass
+class Artifacts:
+    """One session's JSON artifacts (``--modelprof-json DIR``), read back and validated."""
+
+    directory: Path
+    version: str  # the pytest-modelprof version that wrote them
+    budgets: str  # the budget directory, relative to the rootdir
+    coverage: dict[str, Any]
+    records: list[tuple[str, str, Profile]] = field(default_factory=list)  # name, node id, profile
+    files: dict[str, Path] = field(default_factory=dict)  # profile name -> its file
+
+
+@functools.cache
+def _validator(name: str) -> Any:
+    import jsonschema  # a dependency, imported when artifacts are read back (not by every pytest run)
+
+    schema = json.loads(resources.files(__package__).joinpath("schema", name).read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def read_json(path: Path, schema: str) -> dict[str, Any]:
+    """A JSON artifact, validated against the shipped ``schema``; raises ArtifactError naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"{path}: cannot be read: {error}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ArtifactError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
+    if isinstance(document, dict) and document.get("schema_version") != SCHEMA_VERSION:
+        found = document.get("schema_version")
+        raise ArtifactError(
+            f"{path}: artifacts of schema version {found!r}, this pytest-modelprof ({project_version()}) reads version "
+            f"{SCHEMA_VERSION}: make them again with this version"
+        )
+    import jsonschema
+
+    problem = jsonschema.exceptions.best_match(_validator(schema).iter_errors(document))
+    if problem is not None:
+        where = problem.json_path if problem.path else "the document"
+        raise ArtifactError(f"{path}: not a pytest-modelprof {schema.partition('.')[0]} artifact: at {where}: {problem.message[:200]}")
+    return document  # type: ignore[no-any-return]
+
+
+def read_artifacts(directory: Path) -> Artifacts:
+    """The artifacts one session wrote into ``directory``: ``session.json`` and the profile files it lists."""
+    if not directory.is_dir():
+        raise ArtifactError(f"{directory}: not a directory of pytest-modelprof artifacts (--modelprof-json DIR)")
+    session = read_json(directory / "session.json", "session.schema.json")
+    artifacts = Artifacts(directory, session["modelprof_version"], session["budgets"], session["coverage"])
+    for entry in session["profiles"]:
+        path = directory / entry["file"]
+        document = read_json(path, "profile.schema.json")
+        if document["name"] != entry["name"]:
+            raise ArtifactError(f"{path}: holds profile {document['name']!r}, session.json lists it as {entry['name']!r}")
+        try:
+            profile = Profile.from_dict(document["profile"])
+        except (TypeError, ValueError, KeyError) as error:
+            raise ArtifactError(f"{path}: the profile cannot be read: {type(error).__name__}: {error}") from None
+        artifacts.records.append((document["name"], document["nodeid"], profile))
+        artifacts.files[document["name"]] = path
+    return artifacts
+
+
+def merge_sessions(shards: list[Artifacts], budgets: Budgets, *, update: bool, prune: bool, strict: bool) -> ModelprofSession:
+    """One session from the artifacts of several (the shards of a CI matrix), checked against
+    ``budgets`` as one run of the whole suite would be; ``finish()`` it to write baselines.
+
+    Refuses (ArtifactError) shards of different pytest-modelprof versions, and one profile in
+    two shards with different figures. Pruning needs the shards to cover the whole collection:
+    otherwise nothing is pruned and the session's notes say why.
+    """
+    versions = {shard.version for shard in shards}
+    if len(versions) > 1:
+        made = ", ".join(f"{shard.directory} by {shard.version}" for shard in shards)
+        raise ArtifactError(f"artifacts made by different pytest-modelprof versions cannot be merged: {made}")
+    session = ModelprofSession(budgets, update=update, prune=prune, strict=strict)
+    where: dict[str, Path] = {}
+    for shard in shards:
+        for name, nodeid, profile in shard.records:
+            earlier = session.records.get(name)
+            if earlier is None:
+                session.record(name, nodeid, profile)
+                where[name] = shard.files[name]
+            elif earlier.nodeid != nodeid or earlier.profile.to_dict() != profile.to_dict():
+                raise ArtifactError(
+                    f"{shard.files[name]}: profile {name!r} is also in {where[name]}, {_difference(earlier, nodeid, profile)}: "
+                    "two shards ran the same test; merge the artifacts of one run of each shard"
+                )
+        session.coverage.merge(shard.coverage)
+    reason = session.coverage.incomplete()
+    if prune and reason is not None:
+        session.prune = False
+        session.notes.append(f"--prune removed nothing: the shards together did not run the whole collection: {reason}")
+    return session
+
+
+def _difference(earlier: Record, nodeid: str, profile: Profile) -> str:
+    if earlier.nodeid != nodeid:
+        return f"made there by {earlier.nodeid} and here by {nodeid}"
+    for metric in METRICS.values():
+        first, second = metric.measure(earlier.profile), metric.measure(profile)
+        if first != second:
+            return f"with different figures ({metric.key} {first} there, {second} here)"
+    return "with different figures"
