@@ -27,9 +27,12 @@ def _cell(change: Change | None) -> str:
 
 
 def _label(metric: Metric) -> str:
-    """A metric's column: the summary table's name where it has one (``peak MB``), else its key, with the unit."""
-    label = metric.column or metric.key
-    return label if metric.unit in label else f"{label} ({metric.unit})"
+    """A metric's column: the summary table's name where it has one (``peak MB``), else its key in
+    words with its unit (``peak activation MB``)."""
+    if metric.column:
+        return metric.column
+    *words, last = metric.key.split("_")
+    return " ".join([*words, metric.unit if last == metric.unit.lower() else last])
 
 
 def _table(rows: list[ProfileChange]) -> list[tuple[str, ...]]:
