@@ -224,3 +224,18 @@ def test_a_damaged_artifact_is_a_one_line_error_naming_the_file(zoo, monkeypatch
     status, _ = modelprof(zoo / "project", "merge", *map(str, shards), monkeypatch=monkeypatch)
     assert status == 2
     assert re.search(re.escape(str(shards[2])) + "/" + expected, one_line_error(capsys))
+
+
+def test_under_github_actions_the_merge_writes_one_step_summary_and_the_annotations(zoo, monkeypatch, tmp_path):
+    summary = tmp_path / "summary.md"
+    out = io.StringIO()
+    with monkeypatch.context() as patch:
+        patch.chdir(zoo / "project")
+        patch.setenv("GITHUB_ACTIONS", "true")
+        patch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+        patch.setenv("GITHUB_WORKSPACE", str(zoo / "project"))
+        assert main(["merge", *shard_directories(zoo)], out) == 1
+    text = summary.read_text()
+    assert text.startswith("## Model budgets\n") and text.count("## Model budgets") == 1
+    assert sum(line.startswith("| test_") for line in text.splitlines()) == 9  # 8 profiles and the stale entry
+    assert "::error file=budgets/test_mlps.toml,line=3," in out.getvalue()  # at the ceiling that the profile is over
