@@ -35,6 +35,11 @@ class LlamaConfig:
         return cls()
 
     @classmethod
+    def llama_70b(cls) -> LlamaConfig:
+        """The 70B shape: hidden 8192, 80 layers, 64 heads sharing 8 key/value heads, SwiGLU MLP of 28672."""
+        return cls(hidden=8192, layers=80, heads=64, kv_heads=8, intermediate=28672)
+
+    @classmethod
     def tiny(cls) -> LlamaConfig:
         return cls(vocab_size=128, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160, max_seq=64)
 
@@ -59,7 +64,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         seq = q.shape[-2]
-        cos, sin = self.cos[:seq], self.sin[:seq]
+        cos, sin = self.cos[:seq].to(q.dtype), self.sin[:seq].to(q.dtype)  # bf16 weights (mixed precision) keep q in bf16
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torchvision
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from examples.gpt2 import GPT2, GPT2Config
 from examples.llama import Llama, LlamaConfig
@@ -59,3 +60,23 @@ def test_gpt2_training_step_on_an_h100(model_profile):
         model, tokens, train=True, autocast=torch.bfloat16, optimizer=torch.optim.AdamW(model.parameters()), target="h100"
     )
     assert result.fits
+
+
+def shard_decoder_layers(model, mesh):
+    # FSDP2 as a training script applies it: each decoder layer, then the root; bf16 compute, fp32 reduction
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def test_llama_7b_fsdp_rank_of_64(model_profile):
+    # rank 0 of 64 under FSDP2, analytic, on this CPU-only machine: what it holds at its peak and what
+    # it all-gathers and reduce-scatters per step (its budget: max_peak_memory_mb, max_comm_gb)
+    with torch.device("meta"):
+        model = Llama(LlamaConfig.llama_7b())
+    tokens = torch.randint(0, 32000, (1, 2048))
+    optimizer = torch.optim.AdamW(model.parameters())
+    result = model_profile(model, tokens, train=True, optimizer=optimizer, world_size=64, parallelize=shard_decoder_layers, device="meta")
+    params = sum(p.numel() for p in model.parameters())
+    assert result.memory.category_max["parameters"] < 4 * params / 64 * 1.01  # its fp32 shard, and FSDP's padding

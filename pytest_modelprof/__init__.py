@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .results import LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
+from .results import Collective, LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
 
 if TYPE_CHECKING:
     from .engine import (
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GPUS",
+    "Collective",
     "FormulaError",
     "GPUSpec",
     "IterationMemory",

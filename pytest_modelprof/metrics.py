@@ -4,8 +4,9 @@ Budgets (ceilings, baselines, tolerances), the budget check, the baselines writt
 ``--modelprof-update``, the end-of-session summary and the JSON Schema's list of metric
 names all read :data:`METRICS`; a new metric is a new row here. Each key carries its unit.
 
-Budget files use decimal units: 1 GFLOPs = 10^9 FLOPs, 1 MB = 10^6 bytes,
-1 ms = 10^-3 s. Parameters are a plain count.
+Budget files use decimal units: 1 GFLOPs = 10^9 FLOPs, 1 MB = 10^6 bytes, 1 GB = 10^9 bytes,
+1 ms = 10^-3 s. Parameters are a plain count. ``comm_gb`` is the payload of a sharded step's
+collectives per rank (``profile(world_size=...)``: :attr:`Profile.comm_bytes`).
 
 Memory ceilings can be tables per target GPU: ``max_peak_memory_mb = { h100 = 4200, l4 = 20000 }``
 holds a profile made with ``target="h100"`` to 4200 MB; a key may also be a device kind
@@ -124,6 +125,7 @@ METRICS: dict[str, Metric] = {
         Metric("params", "params", 1, 0, _percent(0), lambda p: p.params, column="params"),
         Metric("peak_activation_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_activation_bytes, per_target=True),
         Metric("peak_memory_mb", "MB", 1e6, 7, _percent(2), lambda p: p.peak_memory_bytes, per_target=True, column="peak MB"),
+        Metric("comm_gb", "GB", 1e9, 6, _percent(0), lambda p: p.comm_bytes, column="comm GB"),
         Metric(
             "predicted_ms",
             "ms",

@@ -41,6 +41,10 @@ PROFILE_OPTIONS = (
     "formulas",
     "meters",
     "target",
+    "world_size",
+    "parallelize",
+    "rank",
+    "mesh",
 )
 LATENCY_MODES = ("auto", "all", "none")
 

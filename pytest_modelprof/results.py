@@ -16,7 +16,9 @@ Phase = Literal["forward", "loss", "backward", "recompute", "optimizer"]
 """Where in a step an op ran (see :mod:`pytest_modelprof.engine.dispatch`)."""
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
-MemoryCategory = Literal["parameters", "buffers", "inputs", "gradients", "activations", "temporaries", "optimizer_state", "workspace"]
+MemoryCategory = Literal[
+    "parameters", "unsharded_parameters", "buffers", "inputs", "gradients", "activations", "temporaries", "optimizer_state", "workspace"
+]
 """What a storage holds (see :mod:`pytest_modelprof.engine.meters.memory`)."""
 MEMORY_CATEGORIES: tuple[MemoryCategory, ...] = get_args(MemoryCategory)
 # A timed run whose threads waited for a CPU longer than this share of the time they were
@@ -198,6 +200,29 @@ class PredictedReport:
 
 
 @dataclass
+class Collective:
+    """Collectives of one kind that one rank ran in one place of the step (a sharded step:
+    ``profile(world_size=...)``), summed over their ``calls``.
+
+    ``bytes`` is the payload per rank as NCCL's performance tests define it: an all-gather's
+    output, a reduce-scatter's input, an all-reduce's tensor, an all-to-all's input, the tensor
+    of a broadcast, reduce, send or receive. ``bus_bytes`` is what a ring moves per rank:
+    ``bytes * (N-1)/N`` for all-gather, reduce-scatter and all-to-all, ``bytes * 2(N-1)/N``
+    for all-reduce, ``bytes`` for the others, N being the group's size.
+    """
+
+    kind: str  # all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, reduce, gather, scatter, send, recv, barrier
+    op: str  # the operator, e.g. "c10d._allgather_base_"
+    phase: Phase
+    module: str  # the module it ran for ("" the model; "<outside the model>")
+    group_size: int
+    dtype: str
+    calls: int = 0
+    bytes: int = 0
+    bus_bytes: float = 0.0
+
+
+@dataclass
 class OpTime:
     """Time of one operator (profiler name, e.g. ``aten::mm``) in one module and phase.
 
@@ -339,6 +364,10 @@ class Profile:
     latency: LatencyReport | None = None
     op_times: list[OpTime] = field(default_factory=list)
     predicted: PredictedReport | None = None  # a target GPU's predicted step time (profile(target=...))
+    # a sharded step (profile(world_size=...)): which rank of how many, and the collectives it ran
+    world_size: int | None = None
+    rank: int | None = None
+    collectives: list[Collective] = field(default_factory=list)
     # the raw torch.profiler events of the layer timing (an EventList); not serialized
     profiler_events: Any = field(default=None, repr=False, compare=False)
 
@@ -373,6 +402,16 @@ class Profile:
         return self.memory.footprint_bytes <= self.target_memory_bytes
 
     @property
+    def comm_bytes(self) -> int | None:
+        """The collectives' payload per rank in the step (see :class:`Collective`); None for an unsharded step."""
+        return sum(c.bytes for c in self.collectives) if self.world_size is not None else None
+
+    @property
+    def comm_bus_bytes(self) -> float | None:
+        """What a ring moves per rank in the step (see :class:`Collective`); None for an unsharded step."""
+        return sum(c.bus_bytes for c in self.collectives) if self.world_size is not None else None
+
+    @property
     def model_size_bytes(self) -> int:
         """Bytes of parameters and buffers (each storage counted once)."""
         return self.param_bytes + self.buffer_bytes
@@ -403,6 +442,8 @@ class Profile:
             model_size_bytes=self.model_size_bytes,
             flops_per_second=self.flops_per_second,
             fits=self.fits,
+            comm_bytes=self.comm_bytes,
+            comm_bus_bytes=self.comm_bus_bytes,
         )
         return data
 
@@ -424,4 +465,5 @@ class Profile:
             predicted = dict(data["predicted"])
             predicted["ops"] = [PredictedOp(**o) for o in predicted.get("ops", [])]
             values["predicted"] = PredictedReport(**predicted)
+        values["collectives"] = [Collective(**c) for c in data.get("collectives", [])]
         return cls(**values)

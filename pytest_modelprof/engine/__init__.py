@@ -1,6 +1,6 @@
 """The profiling engine: knows PyTorch, knows nothing of pytest."""
 
-from ..results import LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
+from ..results import Collective, LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
 from .errors import FormulaError, ProfileError
 from .formulas import OpCost
 from .meters import Meter, Op
@@ -12,6 +12,7 @@ from .timing import LatencyWarning, Timing, calibration_workload, machine_name
 
 __all__ = [
     "GPUS",
+    "Collective",
     "FormulaError",
     "GPUSpec",
     "IterationMemory",

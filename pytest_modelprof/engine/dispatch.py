@@ -22,7 +22,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from ..results import Phase
 from .backward import SavedTensors, current_node, in_backward
@@ -43,9 +45,12 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
     runs, ``"loss"`` while the loss is computed, ``"optimizer"`` during the optimizer step.
     """
 
-    def __init__(self, tracker: ModuleTracker, meters: Sequence[Meter]) -> None:
+    def __init__(self, tracker: ModuleTracker, meters: Sequence[Meter], transparent: tuple[type, ...] = ()) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.tracker = tracker
+        # tensor subclasses whose ops reach the meters as the ops they run on their inner tensors
+        # (a sharded step's DTensors: one rank's work is its shards' ops)
+        self._transparent = transparent
         self.meters = list(meters)
         self.region: str = "forward"
         self._op_handlers = tuple(m.op for m in self.meters if overrides(m, "op"))
@@ -110,6 +115,8 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         if func in METADATA:
             return func(*args, **kwargs)
+        if self._transparent and any(issubclass(t, self._transparent) for t in types):
+            return NotImplemented  # the subclass runs its inner ops, which come back here
         name, decompose = self._names.get(func) or self._resolve(func)
         if decompose:
             with self:
@@ -117,6 +124,8 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if decomposed is not NotImplemented:
                 return decomposed
         out = func(*args, **kwargs)
+        if self._transparent and _shape_propagation(out):
+            return out  # DTensor working out an output's shape on meta tensors: no work of the rank
         phase, key, node = self.where()
         op = Op(func, name, args, kwargs, out, phase, key, node)
         for handle in self._op_handlers:
@@ -164,6 +173,12 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.resume()
         if self.capturing:
             self.end_capture()
+
+
+def _shape_propagation(out: Any) -> bool:
+    """Whether an op made only plain meta tensors (not an analytic run's fake ones)."""
+    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.device.type == "meta" and not isinstance(t, FakeTensor) for t in tensors)
 
 
 def _identity(tensor: Any) -> Any:

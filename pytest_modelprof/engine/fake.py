@@ -97,14 +97,28 @@ def run_tensors(workload: Workload) -> RunTensors:
             copied.requires_grad_(t.requires_grad)
         return copied
 
-    params = {name: parameter(t) for name, t in workload.named_params.items()}
-    buffers = {name: copy(t) if train else convert(t) for name, t in workload.named_buffers.items()}
     args, kwargs = tree_map(copy, (workload.args, workload.kwargs))
+    if workload.parallel is not None:  # the run's own sharded copy of the model: its tensors as they are
+        params, buffers = dict(workload.named_params), dict(workload.named_buffers)
+        sources = workload.source_params
+    else:
+        params = {name: parameter(t) for name, t in workload.named_params.items()}
+        buffers = {name: copy(t) if train else convert(t) for name, t in workload.named_buffers.items()}
+        sources = workload.named_params
     run_optimizer = None
     if workload.optimizer is not None:
-        by_id = {id(workload.named_params[name]): tensor for name, tensor in params.items()}
-        run_optimizer = _copy_optimizer(workload.optimizer, by_id, fake_mode, target, type(workload.model).__name__)
+        by_id = {id(sources[source]): tensor for name, tensor in params.items() if (source := _source_name(name, sources)) is not None}
+        with_state = workload.parallel is None  # a shard's state is made by its own first step
+        run_optimizer = _copy_optimizer(workload.optimizer, by_id, fake_mode, target, type(workload.model).__name__, with_state)
     return RunTensors(params, buffers, args, kwargs, run_optimizer)
+
+
+def _source_name(name: str, sources: dict[str, torch.Tensor]) -> str | None:
+    """The caller's name of the run's parameter ``name`` (a wrapper such as DDP adds ``module.``)."""
+    if name in sources:
+        return name
+    unwrapped = name.removeprefix("module.")
+    return unwrapped if unwrapped in sources else None
 
 
 def tensors_in(values: Any) -> list[torch.Tensor]:
@@ -117,8 +131,9 @@ def _copy_optimizer(
     fake_mode: FakeTensorMode | None,
     target: torch.device,
     model: str,
+    with_state: bool = True,
 ) -> torch.optim.Optimizer:
-    """The same optimizer (class, groups, hyperparameters, state) over the run's tensors."""
+    """The same optimizer (class, groups, hyperparameters, and with ``with_state`` its state) over the run's tensors."""
     groups = []
     for group in optimizer.param_groups:
         params = []
@@ -140,7 +155,7 @@ def _copy_optimizer(
         copy = type(optimizer)(groups, **defaults)
     except TypeError as error:
         raise ProfileError(f"cannot make a copy of {type(optimizer).__name__} for the run: {error}") from error
-    for param, state in optimizer.state.items():
+    for param, state in optimizer.state.items() if with_state else ():
         run = run_tensors.get(id(param))
         if run is not None:
             copy.state[run] = {k: _copy_state(v, fake_mode, target) if isinstance(v, torch.Tensor) else v for k, v in state.items()}

@@ -1015,6 +1015,10 @@ DATA_MOVEMENT: frozenset[Any] = frozenset(
     packet for name in DATA_MOVEMENT_NAMES for suffix in ("", "_") if (packet := _op(name + suffix)) is not None
 )
 
+# Collectives and FSDP2's copies in and out of its all-gather buffers: data moved, 0 FLOPs
+# (what a collective moves is the collective meter's: meters/collectives.py)
+COMMUNICATION_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "fsdp"})
+
 # Shape and metadata queries: not computation, not even listed.
 METADATA = frozenset(
     {

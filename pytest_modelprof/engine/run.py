@@ -14,21 +14,24 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..results import Profile
 from .assemble import assemble, roll_up_containers
 from .dispatch import Dispatcher
+from .distributed import Parallel, Parallelize, fake_world, sharded_copy, transparent_types
 from .errors import ProfileError
 from .layers import layer_times
 from .memo import LeafMemo
 from .meters import Meter
+from .meters.collectives import CollectiveMeter
 from .meters.flops import FlopMeter, FormulaTable
 from .meters.memory import MemoryMeter
 from .meters.predicted import PredictedMeter
 from .modules import ModuleTracker
 from .targets.gpus import GPUSpec
 from .timing import Timing, batch_size_of, measure_latency
-from .workload import Workload
+from .workload import Sharded, Workload
 
 
 def profile(
@@ -48,6 +51,10 @@ def profile(
     formulas: Mapping[Any, Any] | None = None,
     meters: Sequence[Meter] = (),
     target: str | GPUSpec | None = None,
+    world_size: int | None = None,
+    parallelize: Parallelize | None = None,
+    rank: int = 0,
+    mesh: tuple[int, ...] | dict[str, int] | None = None,
 ) -> Profile:
     """Profile one forward pass (``train=False``) or one training step of ``model``.
 
@@ -88,7 +95,24 @@ def profile(
     adds per-module times (on ``Profile.modules``) and per-operator times
     (``Profile.op_times``) from :mod:`torch.profiler`, whose raw events stay on
     ``Profile.profiler_events``.
+
+    ``world_size=N`` with ``parallelize=fn`` profiles rank ``rank`` of a sharded step: the
+    engine sets up a fake process group of N ranks and a device mesh (``mesh``: its shape,
+    ``(N,)`` by default, or ``{"dp": 8, "tp": 8}`` for named dimensions), calls
+    ``fn(copy, mesh)`` on a copy of the model (``fully_shard``, ``parallelize_module``, or a
+    wrapper it returns such as DDP), runs one unmetered step (FSDP2's setup, the optimizer's
+    state), then the metered one, and tears the process group down. Figures are the rank's:
+    FLOPs of its shards, memory it holds (``unsharded_parameters`` for FSDP2's all-gathered
+    copies), and ``Profile.collectives``. ``device="meta"`` shards on the meta device, with no memory.
     """
+    parallel = Parallel.build(world_size, parallelize, rank, mesh)
+    if parallel is not None:
+        if target is not None:
+            raise ProfileError("world_size= with target= is not supported yet: a sharded step runs on a CPU mesh")
+        if latency:
+            raise ProfileError("world_size= profiles one rank under a fake process group, which moves no data: there is nothing to time")
+        options = {"train": train, "loss_fn": loss_fn, "optimizer": optimizer, "no_grad": no_grad, "set_to_none": set_to_none}
+        return _sharded(model, inputs, parallel, device, options, FormulaTable(formulas), flops, memory, meters, autocast)
     workload = Workload.build(
         model,
         inputs,
@@ -123,10 +147,47 @@ def profile(
     return result
 
 
+def _sharded(
+    model: nn.Module,
+    inputs: Any,
+    parallel: Parallel,
+    device: str | torch.device | None,
+    options: dict[str, Any],
+    table: FormulaTable,
+    flops: bool,
+    memory: bool,
+    meters: Sequence[Meter],
+    autocast: torch.dtype | None,
+) -> Profile:
+    """One rank's step of ``model`` sharded by ``parallel`` (see :func:`profile`)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
+    kind = torch.device(device).type if device is not None else None
+    on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+    if kind not in (None, "cpu", "meta") or (on_meta and kind == "cpu"):
+        raise ProfileError(
+            f"a sharded step runs on a CPU mesh, for real (device='cpu') or analytically (device='meta'), not {str(device)!r}"
+        )
+    analytic = kind == "meta" or on_meta
+    source_params = dict(model.named_parameters())
+    with fake_world(parallel) as world_mesh:
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if analytic else None
+        copy = sharded_copy(model, parallel, world_mesh, analytic)
+        if fake_mode is not None:
+            with fake_mode:
+                copy.to_empty(device="cpu")  # the shards' storage, fake: nothing is allocated
+        workload = Workload.build(copy, inputs, autocast=autocast, sharded=Sharded(parallel, fake_mode, source_params), **options)
+        attached = [*([FlopMeter(table)] if flops else []), *([MemoryMeter()] if memory else []), CollectiveMeter(), *meters]
+        result = _metered(workload, attached)
+    result.world_size, result.rank = parallel.world_size, parallel.rank
+    result.model = type(model).__name__  # not the sharded copy's class (FSDPSequential, DistributedDataParallel)
+    return result
+
+
 def _metered(workload: Workload, meters: list[Meter]) -> Profile:
     """One step of ``workload`` under ``meters``; the profile they make of it."""
     tracker = ModuleTracker(workload.named_modules)
-    dispatcher = Dispatcher(tracker, meters)
+    dispatcher = Dispatcher(tracker, meters, transparent_types() if workload.parallel is not None else ())
     with workload.prepared() as run:
         if workload.train:
             tracker.watch_parameters(run.tensors.params)

@@ -15,7 +15,7 @@ the RNG state are restored, and inputs are copied before the model sees them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
 from .backward import HookGuard, SavedTensors, run_backward
+from .distributed import Parallel
 from .errors import ProfileError
 from .fake import RunTensors, choose_mode, run_tensors, tensors_in
 from .modules import ModuleTracker
@@ -41,6 +42,15 @@ def device_kind(device: str) -> str | None:
         return torch.device(device).type
     except (RuntimeError, ValueError):
         return None
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """A sharded copy of the caller's model to profile (see :mod:`.distributed`)."""
+
+    parallel: Parallel
+    fake_mode: FakeTensorMode | None  # an analytic run: the copy's storage is fake
+    source_params: Mapping[str, torch.Tensor]  # the caller's parameters by name
 
 
 @dataclass
@@ -62,6 +72,10 @@ class Workload:
     named_params: dict[str, torch.Tensor] = field(repr=False)
     named_buffers: dict[str, torch.Tensor] = field(repr=False)
     named_modules: list[tuple[str, nn.Module]] = field(repr=False)
+    # a sharded step (profile(world_size=...)): the model is the run's own sharded copy, stepped in place;
+    # source_params are the caller's parameters by name, which the caller's optimizer holds
+    parallel: Parallel | None = None
+    source_params: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(
@@ -77,8 +91,10 @@ class Workload:
         set_to_none: bool = True,
         autocast: torch.dtype | None = None,
         target: str | GPUSpec | None = None,
+        sharded: Sharded | None = None,
     ) -> Workload:
-        """The workload of :func:`~pytest_modelprof.profile`'s arguments (see there), checked."""
+        """The workload of :func:`~pytest_modelprof.profile`'s arguments (see there), checked.
+        ``sharded``: ``model`` is a sharded copy of the caller's model (see :mod:`.distributed`)."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
         args, kwargs = split_inputs(inputs)
@@ -95,7 +111,10 @@ class Workload:
         named_buffers = dict(model.named_buffers())
         tensors = [*named_params.values(), *named_buffers.values(), *tensors_in((args, kwargs))]
         gpu = gpu_spec(target) if target is not None else None
-        fake_mode, run_device = choose_mode(type(model).__name__, tensors, torch.device(device) if device is not None else None, gpu)
+        if sharded is not None:
+            fake_mode, run_device = sharded.fake_mode, torch.device("cpu")
+        else:
+            fake_mode, run_device = choose_mode(type(model).__name__, tensors, torch.device(device) if device is not None else None, gpu)
         return cls(
             model=model,
             args=args,
@@ -112,6 +131,8 @@ class Workload:
             named_params=named_params,
             named_buffers=named_buffers,
             named_modules=list(model.named_modules(remove_duplicate=False)),
+            parallel=sharded.parallel if sharded is not None else None,
+            source_params=dict(sharded.source_params) if sharded is not None else {},
         )
 
     @property
@@ -137,7 +158,7 @@ class Workload:
                 stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
                 if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
                     stack.enter_context(CudaKernels(self.gpu))
-            if tensors.optimizer is not None:
+            if tensors.optimizer is not None and self.parallel is None:
                 _create_state(tensors.optimizer)
             if not self.set_to_none:  # gradients zeroed in place are resident from the start, as in later steps
                 with torch.no_grad():
@@ -147,7 +168,11 @@ class Workload:
             stack.enter_context(_restore_training_flags(flags))
             if any(flag is not self.train for flag in flags.values()):
                 self.model.train(self.train)
-            yield Run(self, tensors)
+            run = Run(self, tensors)
+            if self.parallel is not None:
+                # a steady step: FSDP2 sets itself up in the first one, and the optimizer makes its state
+                run.step()
+            yield run
 
 
 class Run:
@@ -159,7 +184,7 @@ class Run:
         # A real inference run on the model's own device needs no swapped tensors: nothing
         # receives a gradient and eval mode updates no buffer. Every other run uses the
         # prepared tensors (moved, fake, or safe to backpropagate into).
-        in_place = (
+        in_place = workload.parallel is not None or (
             workload.fake_mode is None
             and not workload.train
             and all(t.device == workload.target for t in (*workload.named_params.values(), *workload.named_buffers.values()))

@@ -354,8 +354,8 @@ def format_memory_report(profile: Profile, top_parameters: int = 10) -> str:
     width = max(len(c) for c in memory.categories)
     lines.append(f"  {'category':<{width}}  {'at the peak':>11}  {'share':>6}  {'own maximum':>11}")
     for category in memory.categories:
-        if category == "workspace" and not memory.category_max.get(category):
-            continue  # only CUDA steps have one
+        if category in ("workspace", "unsharded_parameters") and not memory.category_max.get(category):
+            continue  # only CUDA steps have a workspace, only sharded (FSDP) steps unsharded parameters
         at_peak = memory.peak_breakdown[category]
         share = f"{at_peak / memory.peak_bytes:.1%}" if memory.peak_bytes else ""
         lines.append(

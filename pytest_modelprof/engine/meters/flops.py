@@ -19,7 +19,7 @@ import torch
 
 from ...results import ModuleOp, ModuleStats, OpStats, Phase, Profile
 from ..errors import FormulaError
-from ..formulas import BUILTIN, DATA_MOVEMENT, Formula, OpCost
+from ..formulas import BUILTIN, COMMUNICATION_NAMESPACES, DATA_MOVEMENT, Formula, OpCost
 from ..modules import StackKey
 from . import Meter, Op
 
@@ -148,7 +148,8 @@ class FlopMeter(Meter):
 
     def _resolve(self, func: Any) -> tuple[Formula | None, bool]:
         formula = self.formulas.formula_for(func)
-        entry = (formula, formula is None and _packet(func) in DATA_MOVEMENT)
+        moves = _packet(func) in DATA_MOVEMENT or getattr(func, "namespace", None) in COMMUNICATION_NAMESPACES
+        entry = (formula, formula is None and moves)
         self._resolved[func] = entry
         return entry
 

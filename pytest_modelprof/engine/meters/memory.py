@@ -12,6 +12,13 @@ by a saved-tensors hook); optimizer state; temporaries (everything else the run
 allocates). A storage moves from temporaries to activations or gradients when it
 becomes one; parameters, buffers, inputs and optimizer state never change category.
 
+A sharded step (:mod:`..distributed`) counts what its rank holds: a DTensor's local shard.
+Its parameters are this rank's shards; ``unsharded_parameters`` are the storages FSDP2
+allocates for the all-gathered parameters and frees at the reshard (by resizing them, which
+no ATen op shows: :func:`..distributed.storage_resizes` tells the meter); the sharded
+gradients are what FSDP2's reduce-scatter writes, and what ``.grad`` holds at the
+optimizer step.
+
 On fake tensors the same storages exist, without memory behind them, so analytic runs
 give the figures of real ones. For CUDA targets each allocation is rounded up to the
 caching allocator's 512-byte blocks, and the figure is allocated bytes; the allocator's
@@ -20,6 +27,7 @@ reserved segments and the cuBLAS workspace are estimated apart (:mod:`..targets.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -28,6 +36,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten
 
 from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Phase, Profile
+from ..distributed import local, storage_resizes
 from ..fake import RunTensors
 from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
 from ..targets.allocator import CUBLAS_OPS, reserved_bytes, workspace_bytes
@@ -36,9 +45,11 @@ from . import Meter, Op
 
 CATEGORIES = MEMORY_CATEGORIES
 # the meter keeps its totals in a list, indexed by category
-PARAMETERS, BUFFERS, INPUTS, GRADIENTS, ACTIVATIONS, TEMPORARIES, OPTIMIZER_STATE, WORKSPACE = range(len(CATEGORIES))
-_STICKY = frozenset({PARAMETERS, BUFFERS, INPUTS, OPTIMIZER_STATE})
+PARAMETERS, UNSHARDED, BUFFERS, INPUTS, GRADIENTS, ACTIVATIONS, TEMPORARIES, OPTIMIZER_STATE, WORKSPACE = range(len(CATEGORIES))
+_STICKY = frozenset({PARAMETERS, UNSHARDED, BUFFERS, INPUTS, OPTIMIZER_STATE})
 CUDA_BLOCK = 512
+# collectives whose output is the sharded gradients (FSDP2's reduce-scatter, in the backward pass)
+SHARDED_GRADIENT_OPS = frozenset({"c10d._reduce_scatter_base_", "c10d.reduce_scatter_tensor_coalesced_"})
 
 
 class MemoryMeter(Meter):
@@ -74,6 +85,7 @@ class MemoryMeter(Meter):
         self._marks: dict[str, int] = {}  # event indices: where the step begins, the state, first products, the optimizer
         self.measured: dict[str, int] = {}  # a real CUDA run: the caching allocator's figures for the step
         self._finalizers: list[weakref.finalize[Any, Any]] = []
+        self._resizes: Any = None  # FSDP2's storage resizes, told to the meter during the run
         self._open = True
 
     def _set_rounding(self, round_to: int) -> None:
@@ -98,6 +110,9 @@ class MemoryMeter(Meter):
         self.track_all(run.buffers, BUFFERS)
         self.track_all((run.args, run.kwargs), INPUTS)
         self.track_all([t.grad for t in run.params.values() if t.grad is not None], GRADIENTS)
+        if "torch.distributed.fsdp" in sys.modules:  # FSDP2 resizes storages where no op shows it
+            self._resizes = storage_resizes(self._resized_up, self._resized_down)
+            self._resizes.__enter__()
         state_from = len(self.events or ())
         if run.optimizer is not None:
             self.track_all(list(run.optimizer.state.values()), OPTIMIZER_STATE)
@@ -112,6 +127,8 @@ class MemoryMeter(Meter):
             self.matmuls[thread].add(op.name)
         if op.node is not None and op.node._sequence_nr() == ACCUMULATE_GRAD_SEQUENCE_NR:
             self.track_all(op.out, GRADIENTS)  # what AccumulateGrad stores in .grad
+        elif op.name in SHARDED_GRADIENT_OPS and op.phase == "backward":
+            self.track_all(op.args[0], GRADIENTS)  # FSDP2's reduce-scatter output: the sharded gradients are its views
         else:
             self.track_all(op.out, TEMPORARIES)
         self.sample(op.phase, op.key)
@@ -125,7 +142,7 @@ class MemoryMeter(Meter):
 
     def saved(self, tensor: torch.Tensor, key: StackKey) -> None:
         """A saved-tensors hook saw ``tensor``: it lives on until the backward pass uses it."""
-        entry = self.live.get(tensor.untyped_storage()._cdata)
+        entry = self.live.get(local(tensor).untyped_storage()._cdata)
         first_time = entry is None or entry[1] == TEMPORARIES
         address = self.track(tensor, ACTIVATIONS)
         if first_time and self.live[address][1] == ACTIVATIONS:
@@ -137,11 +154,11 @@ class MemoryMeter(Meter):
             self._marks["optimizer"] = len(self.events)
         # weight and gradient bytes of each parameter, once the backward pass has made the gradients
         # (before the optimizer step, whose zero_grad may free them); an inference step has none
+        if name in ("optimizer", "end") and self._run is not None:
+            # gradients set outside an op (FSDP2 sets its sharded .grad in Python) are gradients by now
+            self.track_all([t.grad for t in self._run.params.values() if t.grad is not None], GRADIENTS)
         if name in ("optimizer", "end") and not self.parameters and self._run is not None:
-            self.parameters = [
-                (param, t.untyped_storage().nbytes(), t.grad.untyped_storage().nbytes() if t.grad is not None else 0)
-                for param, t in self._run.params.items()
-            ]
+            self.parameters = [(param, _nbytes(t), _nbytes(t.grad) if t.grad is not None else 0) for param, t in self._run.params.items()]
 
     def stop(self) -> None:
         """Stop following storages: no finalizer outlives the run."""
@@ -150,6 +167,9 @@ class MemoryMeter(Meter):
             self.measured["max_allocated_bytes"] = torch.cuda.max_memory_allocated(self._target)
             self.measured["max_reserved_bytes"] = torch.cuda.max_memory_reserved(self._target)
         self._open = False
+        if self._resizes is not None:
+            self._resizes.__exit__(None, None, None)
+            self._resizes = None
         for finalizer in self._finalizers:
             finalizer.detach()
         self._finalizers.clear()
@@ -158,7 +178,7 @@ class MemoryMeter(Meter):
 
     def track(self, tensor: torch.Tensor, category: int) -> int:
         """Follow ``tensor``'s storage (once), in ``category`` unless it already has a fixed one."""
-        storage = tensor.untyped_storage()
+        storage = local(tensor).untyped_storage()
         address: int = storage._cdata
         entry = self.live.get(address)
         if entry is None:
@@ -181,6 +201,32 @@ class MemoryMeter(Meter):
         for value in tree_flatten(values)[0]:
             if isinstance(value, torch.Tensor):
                 self.track(value, category)
+
+    def _resized_up(self, tensor: torch.Tensor) -> None:
+        """FSDP2 gave an unsharded parameter's storage (or an all-gather buffer) its bytes."""
+        storage = tensor.untyped_storage()
+        entry = self.live.get(storage._cdata)
+        if entry is None:
+            self.track(tensor, UNSHARDED)
+            return
+        size = -(-storage.nbytes() // self.round_to) * self.round_to
+        self.totals[entry[1]] -= entry[0]
+        entry[0], entry[1] = size, UNSHARDED
+        self.totals[UNSHARDED] += size
+        self.allocated += size
+        if self.events is not None:
+            self.events.append((storage._cdata, -1))
+            self.events.append((storage._cdata, storage.nbytes()))
+
+    def _resized_down(self, tensor: torch.Tensor) -> None:
+        """FSDP2 is about to free an unsharded parameter's storage (resize it to 0 bytes)."""
+        address = tensor.untyped_storage()._cdata
+        entry = self.live.get(address)
+        if entry is not None:
+            self.totals[entry[1]] -= entry[0]
+            entry[0] = 0
+            if self.events is not None:
+                self.events.append((address, -1))
 
     def _free(self, address: int) -> None:
         entry = self.live.pop(address, None)
@@ -303,3 +349,10 @@ class MemoryMeter(Meter):
         for leftover in inserts.values():
             first.extend(leftover)
         return [*resident, *first, *step]
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    """A tensor's own bytes (this rank's shard of a DTensor): views of one storage (FSDP2's
+    sharded gradients of a module share its reduce-scatter output) each count their part."""
+    shard = local(tensor)
+    return shard.numel() * shard.element_size()

@@ -1,0 +1,101 @@
+"""Rank 0 of a Llama-style 70B training step under FSDP2 over 64 ranks, on this CPU-only machine.
+
+AdamW, bf16 mixed precision (FSDP2's MixedPrecisionPolicy: bf16 parameters in compute, fp32
+gradient reduction), sequence 4096, batch 1 per rank; every decoder layer and the root under
+``fully_shard`` (examples/llama.py, built on the meta device, sharded there, profiled
+analytically). Prints the time and peak RSS of the run (goals: 60 s, 2 GB), the rank's memory
+by category beside the closed forms (parameters, gradients, AdamW state: 1/64 of the model's
+fp32 bytes, up to FSDP's padding) and the collectives' volume per step beside theirs (bf16
+all-gathers of every parameter in forward and, but for the root's own, again in backward;
+fp32 reduce-scatters of every gradient).
+
+    python benchmarks/llama70b_fsdp.py [--layers 80] [--world-size 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.rss import run_with_peak_rss  # noqa: E402
+
+RUN = """
+import dataclasses, sys, time, torch
+sys.path.insert(0, {root!r})
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from examples.llama import Llama, LlamaConfig
+from pytest_modelprof import profile
+
+config = dataclasses.replace(LlamaConfig.llama_70b(), layers={layers})
+with torch.device("meta"):
+    model = Llama(config)
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+def shard(model, mesh):
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+start = time.perf_counter()
+result = profile(model, torch.randint(0, config.vocab_size, (1, 4096)), train=True, optimizer=torch.optim.AdamW(model.parameters()),
+                 world_size={world}, parallelize=shard, device="meta")
+seconds = time.perf_counter() - start
+P = sum(p.numel() for p in model.parameters())
+root = P - sum(p.numel() for p in model.layers.parameters())  # the root's own: embedding, final norm, head
+m = result.memory
+print("params", P)
+print("root", root)
+print("seconds", seconds)
+print("peak", m.peak_bytes, m.peak_phase)
+for key, value in m.peak_breakdown.items():
+    print("peak_" + key, value)
+for key, value in m.category_max.items():
+    print("max_" + key, value)
+print("grads", sum(g for _, _, g in m.parameters))
+for kind, phase in (("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")):
+    rows = [c for c in result.collectives if c.kind == kind and c.phase == phase]
+    print(kind + "_" + phase, sum(c.calls for c in rows), sum(c.bytes for c in rows), sum(c.bus_bytes for c in rows))
+print("forward_flops", result.forward_flops, "flops", result.flops)
+"""
+
+GB = 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=80)
+    parser.add_argument("--world-size", type=int, default=64)
+    options = parser.parse_args()
+    world = options.world_size
+    code = RUN.format(root=str(ROOT), layers=options.layers, world=world)
+    printed, rss = run_with_peak_rss(code)
+    figures = {line.split()[0]: line.split()[1:] for line in printed.splitlines()}
+    P = int(figures["params"][0])
+    print(f"Llama-style 70B shape, {options.layers} layers ({P / 1e9:.2f} B parameters), FSDP2 over {world} ranks, rank 0")
+    print(f"  analytic run: {float(figures['seconds'][0]):.1f} s (goal 60), peak RSS {rss:.2f} GB (goal 2)")
+    peak = int(figures["peak"][0])
+    print(f"  peak {peak / GB:.2f} GB in {figures['peak'][1]}:")
+    for key in ("parameters", "unsharded_parameters", "gradients", "activations", "temporaries", "optimizer_state", "inputs"):
+        print(f"    {key:<22} at the peak {int(figures['peak_' + key][0]) / GB:8.3f} GB, most {int(figures['max_' + key][0]) / GB:8.3f} GB")
+    shard = 4 * P / world
+    print(
+        f"  closed forms (fp32, 1/{world}, before padding): parameters {shard / GB:.3f} GB, gradients {shard / GB:.3f} GB, "
+        f"AdamW state {2 * shard / GB:.3f} GB; measured gradients {int(figures['grads'][0]) / GB:.3f} GB"
+    )
+    root = int(figures["root"][0])
+    # bf16 all-gathers of every parameter in forward, and in backward of those resharded after forward (not the
+    # root's own, which FSDP2 keeps unsharded from its forward to its backward); fp32 reduce-scatters of every gradient
+    closed = {"all_gather_forward": 2 * P, "all_gather_backward": 2 * (P - root), "reduce_scatter_backward": 4 * P}
+    for key, expected in closed.items():
+        calls, payload, bus = figures[key]
+        print(
+            f"  {key:<24} {int(calls):4d} calls, {int(payload) / GB:8.3f} GB (closed form {expected / GB:8.3f} GB), "
+            f"ring {float(bus) / GB:8.3f} GB"
+        )
+
+
+if __name__ == "__main__":
+    main()

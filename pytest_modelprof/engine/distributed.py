@@ -1,0 +1,210 @@
+"""One rank of a sharded step, in this process: a fake process group and device mesh of
+``world_size`` ranks, the user's own sharding (FSDP2's ``fully_shard``, ``parallelize_module``,
+DDP) applied to a copy of the model, and everything torn down after the run.
+
+The fake process group (torch's ``"fake"`` backend) answers every collective at once
+without moving data, so a single process runs rank ``rank``'s step as the real code paths
+run it: FSDP2 all-gathers before each forward and backward, reduce-scatters gradients, DTensor
+redistributes. What each collective would move is read from its tensors
+(:mod:`.meters.collectives`); what the rank holds, from the local shards.
+
+Analytic runs build the copy on the meta device, shard it there (no memory) and give it
+fake storage, so a 70B-parameter model's rank is profiled on a laptop. The mesh is a CPU
+mesh: FSDP2 on a CUDA mesh needs a driver (its streams and events).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ProfileError
+
+Parallelize = Callable[[nn.Module, Any], "nn.Module | None"]
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How the step is sharded: ``world_size`` ranks, of which this run is ``rank``; ``mesh``
+    the device mesh's shape (``(world_size,)`` by default) and dimension names; ``parallelize``
+    the user's ``fn(model, mesh)`` that shards the model in place or returns the wrapper."""
+
+    world_size: int
+    parallelize: Parallelize
+    rank: int = 0
+    mesh_shape: tuple[int, ...] = ()
+    mesh_dim_names: tuple[str, ...] | None = None
+
+    @classmethod
+    def build(cls, world_size: Any, parallelize: Any, rank: Any, mesh: Any) -> Parallel | None:
+        """The sharding of :func:`~pytest_modelprof.profile`'s ``world_size=``, ``parallelize=``,
+        ``rank=`` and ``mesh=`` arguments (None: an unsharded step), checked."""
+        if world_size is None:
+            if parallelize is not None or mesh is not None or rank != 0:
+                raise ProfileError("parallelize=, rank= and mesh= describe a sharded step: pass world_size= too")
+            return None
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ProfileError(f"world_size must be a positive int, got {world_size!r}")
+        if parallelize is None or not callable(parallelize):
+            raise ProfileError(
+                "world_size= needs parallelize=fn, where fn(model, mesh) shards the model (fully_shard, parallelize_module, ...)"
+            )
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ProfileError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+        names: tuple[str, ...] | None = None
+        if mesh is None:
+            shape: tuple[int, ...] = (world_size,)
+        elif isinstance(mesh, dict):
+            names, shape = tuple(mesh), tuple(mesh.values())
+        else:
+            shape = tuple(mesh)
+        if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape) or _product(shape) != world_size:
+            raise ProfileError(f"mesh must be positive sizes whose product is world_size={world_size}, got {mesh!r}")
+        return cls(world_size, parallelize, rank, shape, names)
+
+
+def _product(values: tuple[int, ...]) -> int:
+    result = 1
+    for value in values:
+        result *= value
+    return result
+
+
+def _fake_store() -> Any:
+    try:
+        from torch._C._distributed_c10d import FakeStore
+    except ImportError:  # older releases keep it in the testing package only
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    # registers the "fake" backend where this release does not have it built in
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+    return FakeStore()
+
+
+@contextlib.contextmanager
+def fake_world(parallel: Parallel, device_type: str = "cpu") -> Iterator[Any]:
+    """A fake process group of ``parallel.world_size`` ranks, this process being ``parallel.rank``,
+    and its device mesh; destroyed on exit, also after an error."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise ProfileError("world_size= needs torch.distributed, which this build of PyTorch does not have")
+    if dist.is_initialized():
+        raise ProfileError(
+            "a process group is already initialized in this process; world_size= runs one rank under a fake "
+            "process group of its own: call it outside torch.distributed (or destroy_process_group() first)"
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("fake", store=_fake_store(), rank=parallel.rank, world_size=parallel.world_size)
+    try:
+        yield init_device_mesh(device_type, parallel.mesh_shape, mesh_dim_names=parallel.mesh_dim_names)
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded_copy(model: nn.Module, parallel: Parallel, mesh: Any, analytic: bool) -> nn.Module:
+    """A copy of ``model`` sharded by ``parallel.parallelize`` (the caller's model is untouched):
+    for an analytic run, built on the meta device (nothing allocated, also for a 70B model)."""
+    memo: dict[int, Any] = {}
+    if analytic:
+        for param in model.parameters():
+            memo[id(param)] = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        for buffer in model.buffers():
+            memo[id(buffer)] = buffer.detach().to("meta")
+    copied = copy.deepcopy(model, memo)
+    try:
+        result = parallel.parallelize(copied, mesh)
+    except ProfileError:
+        raise
+    except Exception as error:
+        raise ProfileError(f"parallelize({type(model).__name__}, mesh) raised {type(error).__name__}: {error}") from error
+    if result is not None and not isinstance(result, nn.Module):
+        raise ProfileError(f"parallelize must shard the model in place (return None) or return a module, got {type(result).__name__}")
+    sharded = result if result is not None else copied
+    _observe_ddp(sharded)
+    return sharded
+
+
+def _observe_ddp(model: nn.Module) -> None:
+    """Make DDP's all-reduces visible: its reducer calls the process group from C++, past the
+    dispatcher, unless a comm hook does it from Python. A DDP module without a hook of its own
+    gets one that all-reduces each bucket (averaged, as DDP's default) through ``torch.distributed``."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    def allreduce(group, bucket):  # type: ignore[no-untyped-def]  # DDP reads the annotations: none, or its own types
+        tensor = bucket.buffer()
+        group = group or dist.group.WORLD
+        tensor.div_(dist.get_world_size(group))
+        dist.all_reduce(tensor, group=group)  # the fake group returns at once, with no data to wait for
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future.set_result(tensor)
+        return future
+
+    for module in model.modules():
+        if isinstance(module, DistributedDataParallel) and not getattr(module, "_comm_hooks", None):
+            module.register_comm_hook(module.process_group, allreduce)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``tensor``: a DTensor's local shard; any other tensor itself."""
+    inner = getattr(tensor, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else tensor
+
+
+def transparent_types() -> tuple[type, ...]:
+    """Tensor subclasses whose ops the dispatcher lets run as their local ops (a DTensor's op
+    is its shard's op, plus the collectives of a redistribution): what one rank runs."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return ()
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed.tensor import DTensor
+
+    return (DTensor, AsyncCollectiveTensor)
+
+
+@contextlib.contextmanager
+def storage_resizes(allocated: Callable[[torch.Tensor], None], freed: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Tell of the storages FSDP2 allocates and frees by resizing them (the unsharded parameters
+    and all-gather buffers, between an all-gather and the reshard): no ATen op shows those."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:
+        yield
+        return
+    modules = [m for m in (_fsdp_param, _fsdp_param_group) if hasattr(m, "alloc_storage")]
+    originals = [(m, m.alloc_storage, getattr(m, "free_storage", None)) for m in modules]
+    alloc, free = _fsdp_param.alloc_storage, getattr(_fsdp_param, "free_storage", None)
+
+    def alloc_storage(tensor: torch.Tensor) -> None:
+        before = tensor.untyped_storage().nbytes()
+        alloc(tensor)
+        if tensor.untyped_storage().nbytes() != before:
+            allocated(tensor)
+
+    def free_storage(tensor: torch.Tensor) -> None:
+        if tensor.untyped_storage().nbytes():
+            freed(tensor)
+        if free is not None:
+            free(tensor)
+
+    try:
+        for module in modules:
+            setattr(module, "alloc_storage", alloc_storage)  # noqa: B010 (FSDP2's module globals)
+            if hasattr(module, "free_storage"):
+                setattr(module, "free_storage", free_storage)  # noqa: B010
+        yield
+    finally:
+        for module, original_alloc, original_free in originals:
+            setattr(module, "alloc_storage", original_alloc)  # noqa: B010
+            if original_free is not None:
+                setattr(module, "free_storage", original_free)  # noqa: B010

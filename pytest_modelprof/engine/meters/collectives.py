@@ -1,0 +1,142 @@
+"""The collective meter: what each collective of a sharded step moves, per rank.
+
+Every collective reaches the dispatch mode as an op: the ``c10d`` ops of
+``torch.distributed``'s calls (FSDP2's all-gathers and reduce-scatters, a DDP comm hook's
+all-reduces) and the ``_c10d_functional`` ops of DTensor's redistributions (tensor
+parallelism). The meter reads each one's tensors and group: the payload per rank as NCCL's
+performance tests define it (``bytes``) and what a ring moves (``bus_bytes``), see
+:class:`~pytest_modelprof.results.Collective`. Nothing is moved: under the fake process
+group every collective returns at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ...results import Collective, ModuleStats, Phase, Profile
+from ..modules import StackKey
+from . import Meter, Op
+
+# kind, which argument holds the payload (an index, or "out"), where the group's size comes from
+_C10D: dict[str, tuple[str, int | str]] = {
+    "c10d._allgather_base_": ("all_gather", 0),
+    "c10d.allgather_": ("all_gather", 0),
+    "c10d.allgather_coalesced_": ("all_gather", 0),
+    "c10d.allgather_into_tensor_coalesced_": ("all_gather", 0),
+    "c10d._reduce_scatter_base_": ("reduce_scatter", 1),
+    "c10d.reduce_scatter_": ("reduce_scatter", 1),
+    "c10d.reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+    "c10d.allreduce_": ("all_reduce", 0),
+    "c10d.allreduce_coalesced_": ("all_reduce", 0),
+    "c10d.alltoall_base_": ("all_to_all", 1),
+    "c10d.alltoall_": ("all_to_all", 1),
+    "c10d.broadcast_": ("broadcast", 0),
+    "c10d.reduce_": ("reduce", 0),
+    "c10d.gather_": ("gather", 0),
+    "c10d.gather_into_tensor_": ("gather", 0),
+    "c10d.scatter_": ("scatter", 1),
+    "c10d.send": ("send", 0),
+    "c10d.recv_": ("recv", 0),
+    "c10d.recv_any_source_": ("recv", 0),
+    "c10d.barrier": ("barrier", -1),
+    "c10d.monitored_barrier_": ("barrier", -1),
+}
+# functional collectives: kind, payload, and the group: ("size", index) or ("name", index)
+_FUNCTIONAL: dict[str, tuple[str, int | str, tuple[str, int]]] = {
+    "_c10d_functional.all_gather_into_tensor": ("all_gather", "out", ("size", 1)),
+    "_c10d_functional.all_gather_into_tensor_coalesced": ("all_gather", "out", ("size", 1)),
+    "_c10d_functional.reduce_scatter_tensor": ("reduce_scatter", 0, ("size", 2)),
+    "_c10d_functional.reduce_scatter_tensor_coalesced": ("reduce_scatter", 0, ("size", 2)),
+    "_c10d_functional.all_reduce": ("all_reduce", 0, ("name", 2)),
+    "_c10d_functional.all_reduce_": ("all_reduce", 0, ("name", 2)),
+    "_c10d_functional.all_reduce_coalesced": ("all_reduce", 0, ("name", 2)),
+    "_c10d_functional.all_reduce_coalesced_": ("all_reduce", 0, ("name", 2)),
+    "_c10d_functional.all_to_all_single": ("all_to_all", 0, ("name", 3)),
+    "_c10d_functional.broadcast": ("broadcast", 0, ("name", 2)),
+    "_c10d_functional.broadcast_": ("broadcast", 0, ("name", 2)),
+    "_c10d_functional.isend": ("send", 0, ("name", 3)),
+    "_c10d_functional.irecv": ("recv", 0, ("name", 3)),
+}
+COLLECTIVE_OPS = frozenset(_C10D) | frozenset(_FUNCTIONAL)
+
+
+def bus_factor(kind: str, group_size: int) -> float:
+    """What a ring moves per rank, per byte of payload (NCCL's bus bandwidth factors)."""
+    n = group_size
+    if kind in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    return 1.0
+
+
+def _bytes(value: Any) -> tuple[int, str]:
+    tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors})
+    return sum(t.numel() * t.element_size() for t in tensors), ",".join(dtypes)
+
+
+def _group_of(args: Any) -> Any:
+    """The ProcessGroup of a c10d op (a script object among its arguments)."""
+    import torch.distributed as dist
+
+    for arg in args:
+        if isinstance(arg, torch.ScriptObject):
+            try:
+                return dist.ProcessGroup.unbox(arg)
+            except RuntimeError:
+                continue
+    return None
+
+
+def _size_of_group(name: Any) -> int:
+    from torch.distributed import distributed_c10d
+
+    return int(distributed_c10d._resolve_process_group(name).size())  # type: ignore[attr-defined]
+
+
+def _place(key: StackKey) -> str:
+    return key[-1] if key else "<outside the model>"
+
+
+class CollectiveMeter(Meter):
+    """Each collective: its kind, payload and ring traffic per rank, group, dtype, phase and module."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str, Phase, str, int, str], list[float]] = {}  # -> [calls, bytes, bus bytes], in order of first call
+
+    def op(self, op: Op) -> None:
+        if op.name not in COLLECTIVE_OPS:
+            return
+        kind, payload, dtype, group_size = self._read(op)
+        key = (kind, op.name, op.phase, _place(op.key), group_size, dtype)
+        row = self.rows.setdefault(key, [0, 0, 0.0])
+        row[0] += 1
+        row[1] += payload
+        row[2] += payload * bus_factor(kind, group_size)
+
+    def _read(self, op: Op) -> tuple[str, int, str, int]:
+        """(kind, payload bytes, dtype, group size) of a collective op."""
+        args = op.args
+        if op.name in _C10D:
+            kind, at = _C10D[op.name]
+            group = _group_of(args)
+            size = int(group.size()) if group is not None else 1
+            if at == -1:
+                return kind, 0, "", size
+            payload, dtype = _bytes(args[at])
+            return kind, payload, dtype, size
+        kind, at, (how, where) = _FUNCTIONAL[op.name]
+        payload, dtype = _bytes(op.out if at == "out" else args[at])
+        group = args[where] if where < len(args) else None
+        size = int(group) if how == "size" and group is not None else _size_of_group(group)
+        return kind, payload, dtype, size
+
+    def contribute(self, profile: Profile, modules: dict[str, ModuleStats]) -> None:
+        profile.collectives = [
+            Collective(kind, name, phase, module, size, dtype, int(calls), int(payload), bus)
+            for (kind, name, phase, module, size, dtype), (calls, payload, bus) in self.rows.items()
+        ]

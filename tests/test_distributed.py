@@ -1,0 +1,291 @@
+"""One rank of a sharded step (``profile(world_size=N, parallelize=fn)``) against closed forms:
+FSDP2's per-rank parameter, gradient and AdamW-state bytes, its all-gather and reduce-scatter
+volumes (NCCL's definitions), DDP's all-reduce of every gradient, and a Megatron-style tensor
+parallel MLP's FLOPs and all-reduce. Real (CPU tensors) and analytic (meta, no memory) alike."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_modelprof import ProfileError, profile
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("this build of PyTorch has no torch.distributed", allow_module_level=True)
+
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+WIDTH, LAYERS, WORLD, BATCH = 256, 4, 4, 8
+FLOAT = 4
+
+
+def stack() -> nn.Sequential:
+    return nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+
+
+def fsdp(model: nn.Module, mesh) -> None:
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def total(collectives, kind: str, phase: str | None = None) -> tuple[int, int, float]:
+    rows = [c for c in collectives if c.kind == kind and (phase is None or c.phase == phase)]
+    return sum(c.calls for c in rows), sum(c.bytes for c in rows), sum(c.bus_bytes for c in rows)
+
+
+@pytest.fixture(params=["cpu", "meta"], ids=["real", "analytic"])
+def device(request):
+    return request.param
+
+
+def test_fsdp2_holds_a_rank_s_share_and_gathers_every_parameter_twice(device):
+    model = stack()
+    params = sum(p.numel() for p in model.parameters())
+    P = params * FLOAT  # bytes of all parameters, unsharded
+    optimizer = torch.optim.AdamW(model.parameters())
+    result = profile(model, torch.randn(BATCH, WIDTH), train=True, optimizer=optimizer, world_size=WORLD, parallelize=fsdp, device=device)
+    assert (result.world_size, result.rank) == (WORLD, 0)
+    # per rank: 1/N of the parameters, gradients and AdamW's two moments (WIDTH is divisible: no padding)
+    memory = result.memory
+    assert memory.category_max["parameters"] == P // WORLD
+    assert sum(grad for _, _, grad in memory.parameters) == P // WORLD
+    steps = 2 * LAYERS * FLOAT  # AdamW's step counter per parameter tensor: a float32 scalar on the CPU
+    assert memory.category_max["optimizer_state"] == 2 * P // WORLD + steps
+    # the all-gathered copies while they live: at least one layer's, never the whole model's
+    layer = (WIDTH * WIDTH + WIDTH) * FLOAT
+    assert layer <= memory.category_max["unsharded_parameters"] < P
+    # resharded after forward: every parameter is all-gathered in the forward pass and again in the backward pass
+    assert total(result.collectives, "all_gather", "forward")[:2] == (LAYERS, P)
+    assert total(result.collectives, "all_gather", "backward")[:2] == (LAYERS, P)
+    calls, payload, bus = total(result.collectives, "all_gather")
+    assert bus == payload * (WORLD - 1) / WORLD
+    # gradients reduce-scattered once: the input is the unsharded gradients
+    calls, payload, bus = total(result.collectives, "reduce_scatter")
+    assert (calls, payload, bus) == (LAYERS, P, P * (WORLD - 1) / WORLD)
+    assert result.comm_bytes == 3 * P
+    assert {c.group_size for c in result.collectives} == {WORLD} and {c.dtype for c in result.collectives} == {"float32"}
+    assert not result.uncounted
+    assert not dist.is_initialized()  # the fake process group is gone
+
+
+def test_a_sharded_profile_round_trips_through_the_artifact_schema():
+    from importlib import resources
+
+    import jsonschema
+
+    from pytest_modelprof import Profile
+
+    result = profile(stack(), torch.randn(BATCH, WIDTH), train=True, world_size=WORLD, parallelize=fsdp, device="meta")
+    schema = json.loads(resources.files("pytest_modelprof").joinpath("schema", "profile.schema.json").read_text())
+    document = json.loads(json.dumps(result.to_dict()))
+    jsonschema.validate(document, {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": "#/$defs/profile"})
+    again = Profile.from_dict(document)
+    assert again.collectives == result.collectives and again.comm_bytes == result.comm_bytes == 3 * 4 * sum(
+        p.numel() for p in stack().parameters()
+    )
+
+
+def test_real_and_analytic_fsdp2_steps_agree():
+    runs = [
+        profile(stack(), torch.randn(BATCH, WIDTH), train=True, world_size=WORLD, parallelize=fsdp, device=device)
+        for device in ("cpu", "meta")
+    ]
+    real, analytic = runs
+    assert real.flops == analytic.flops
+    assert real.collectives == analytic.collectives
+    assert real.memory.peak_bytes == analytic.memory.peak_bytes
+    assert real.memory.peak_breakdown == analytic.memory.peak_breakdown
+
+
+def test_a_rank_s_flops_are_those_of_its_batch(device):
+    # FSDP shards parameters, not work: each rank runs the whole model on its own batch
+    model = stack()
+    sharded = profile(model, torch.randn(BATCH, WIDTH), world_size=WORLD, parallelize=fsdp, device=device)
+    assert sharded.forward_flops == LAYERS * (2 * BATCH * WIDTH * WIDTH + BATCH * WIDTH)  # a product and a bias add per layer
+    assert sharded.model == "Sequential"  # the caller's model, not its sharded copy's class
+
+
+def megatron_mlp(model: nn.Module, mesh) -> None:
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def test_a_tensor_parallel_mlp_does_1_over_n_of_the_products_and_all_reduces_its_output(device):
+    hidden, ffn = 64, 256
+    model = nn.Sequential(nn.Linear(hidden, ffn, bias=False), nn.ReLU(), nn.Linear(ffn, hidden, bias=False))
+    result = profile(model, torch.randn(BATCH, hidden), train=True, world_size=WORLD, parallelize=megatron_mlp, device=device)
+    products = 2 * BATCH * hidden * ffn  # FLOPs of each dense product
+    assert result.forward_flops == 2 * products // WORLD + BATCH * ffn // WORLD  # two sharded products, the ReLU on the shard
+    assert result.op("aten.mm", "forward").flops == 2 * products // WORLD
+    # the row-parallel product's partial sums are all-reduced: the (BATCH, hidden) output
+    calls, payload, bus = total(result.collectives, "all_reduce", "forward")
+    assert (calls, payload) == (1, BATCH * hidden * FLOAT)
+    assert bus == payload * 2 * (WORLD - 1) / WORLD
+    assert result.memory.category_max["parameters"] == 2 * hidden * ffn * FLOAT // WORLD
+
+
+def test_ddp_all_reduces_every_gradient_in_buckets():
+    model = stack()
+    G = sum(p.numel() for p in model.parameters()) * FLOAT
+    result = profile(
+        model,
+        torch.randn(BATCH, WIDTH),
+        train=True,
+        world_size=WORLD,
+        parallelize=lambda m, mesh: DistributedDataParallel(m, bucket_cap_mb=0.3),
+        device="cpu",
+    )
+    calls, payload, bus = total(result.collectives, "all_reduce", "backward")
+    assert payload == G and bus == G * 2 * (WORLD - 1) / WORLD
+    assert calls >= 2  # the buckets, each an all-reduce
+    assert result.memory.category_max["parameters"] == G  # replicated
+
+
+def test_the_process_group_is_torn_down_after_an_error():
+    def broken(model, mesh):
+        raise ValueError("no plan for this model")
+
+    with pytest.raises(ProfileError, match=r"parallelize.*raised ValueError: no plan for this model"):
+        profile(stack(), torch.randn(BATCH, WIDTH), world_size=WORLD, parallelize=broken)
+    assert not dist.is_initialized()
+
+
+def test_a_process_group_of_the_caller_is_refused_and_left_alone():
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(ProfileError, match="already initialized"):
+            profile(stack(), torch.randn(BATCH, WIDTH), world_size=WORLD, parallelize=fsdp)
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"parallelize": fsdp}, "pass world_size= too"),
+        ({"world_size": 4}, "needs parallelize=fn"),
+        ({"world_size": 0, "parallelize": fsdp}, "world_size must be a positive int"),
+        ({"world_size": 4, "parallelize": fsdp, "rank": 4}, r"rank must be an int in \[0, 4\)"),
+        ({"world_size": 8, "parallelize": fsdp, "mesh": (2, 2)}, "product is world_size=8"),
+        ({"world_size": 4, "parallelize": fsdp, "target": "h100"}, "not supported yet"),
+    ],
+)
+def test_bad_sharding_arguments_say_what_was_expected(options, message):
+    with pytest.raises(ProfileError, match=message):
+        profile(stack(), torch.randn(BATCH, WIDTH), **options)
+    assert not dist.is_initialized()
+
+
+RANK = """
+import inspect, json, sys
+import torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+mesh = init_device_mesh("cpu", (world,))
+model = nn.Sequential(*[nn.Linear({width}, {width}) for _ in range({layers})])
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+optimizer = torch.optim.AdamW(model.parameters())
+calls = []
+
+def recorded(kind, call, at):
+    signature = inspect.signature(call)
+    payload = list(signature.parameters)[at]  # all-gather: the output; reduce-scatter: the input
+
+    def wrapper(*args, **kwargs):
+        tensor = signature.bind(*args, **kwargs).arguments[payload]
+        calls.append((kind, tensor.numel() * tensor.element_size()))
+        return call(*args, **kwargs)
+    return wrapper
+
+x = torch.randn({batch}, {width})
+for step in range(2):  # the second step is the steady one
+    if step == 1:
+        for name, kind, at in (("all_gather_single", "all_gather", 0), ("all_gather_into_tensor", "all_gather", 0),
+                               ("reduce_scatter_single", "reduce_scatter", 1), ("reduce_scatter_tensor", "reduce_scatter", 1)):
+            if hasattr(dist, name):
+                setattr(dist, name, recorded(kind, getattr(dist, name), at))
+    model(x).sum().backward()
+    if step == 1:
+        grads = sum(p.grad.to_local().numel() * p.grad.element_size() for p in model.parameters())
+    optimizer.step()
+    optimizer.zero_grad()
+local = lambda t: t.to_local() if hasattr(t, "to_local") else t
+params = sum(local(p).numel() * p.element_size() for p in model.parameters())
+state = sum(local(t).numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+json.dump({{"params": params, "grads": grads, "state": state, "calls": calls}}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
+def test_four_real_gloo_processes_hold_and_move_what_the_fake_rank_reports(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK.format(width=WIDTH, layers=LAYERS, batch=BATCH))
+    ranks = [
+        subprocess.Popen([sys.executable, str(script), str(r), str(WORLD), str(tmp_path / "store"), str(tmp_path / f"{r}.json")])
+        for r in range(WORLD)
+    ]
+    assert [process.wait(timeout=300) for process in ranks] == [0] * WORLD
+    model = stack()
+    optimizer = torch.optim.AdamW(model.parameters())
+    result = profile(model, torch.randn(BATCH, WIDTH), train=True, optimizer=optimizer, world_size=WORLD, parallelize=fsdp, device="meta")
+    for r in range(WORLD):
+        real = json.loads((tmp_path / f"{r}.json").read_text())
+        assert real["params"] == result.memory.category_max["parameters"]
+        assert real["grads"] == sum(grad for _, _, grad in result.memory.parameters)
+        assert real["state"] == result.memory.category_max["optimizer_state"]
+        for kind in ("all_gather", "reduce_scatter"):
+            sizes = [size for name, size in real["calls"] if name == kind]
+            assert (len(sizes), sum(sizes)) == total(result.collectives, kind)[:2], kind
+
+
+class Block(nn.Module):
+    def __init__(self, checkpointed: bool) -> None:
+        super().__init__()
+        self.up, self.down, self.checkpointed = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH), checkpointed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return self.down(torch.relu(self.up(x)))
+
+        return torch.utils.checkpoint.checkpoint(run, x, use_reentrant=False) if self.checkpointed else run(x)
+
+
+def test_activation_checkpointing_and_keeping_parameters_gathered_show_in_the_rank_s_step():
+    def keep_gathered(model, mesh):
+        for layer in model:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh)
+
+    def run(checkpointed: bool, parallelize):
+        model = nn.Sequential(*[Block(checkpointed) for _ in range(LAYERS)])
+        return profile(model, torch.randn(4 * BATCH, WIDTH), train=True, world_size=WORLD, parallelize=parallelize, device="meta")
+
+    plain, checkpointed, gathered = run(False, fsdp), run(True, fsdp), run(False, keep_gathered)
+    # checkpointing: the backward pass runs each block's forward again, as far as the tensors it saves (torch stops
+    # the recomputation early: the last product's output is not saved), and only the blocks' inputs are kept
+    rows = 4 * BATCH
+    assert checkpointed.recompute_flops == LAYERS * (2 * rows * WIDTH * 4 * WIDTH + 2 * rows * 4 * WIDTH)  # up (+bias), relu
+    assert checkpointed.memory.category_max["activations"] < plain.memory.category_max["activations"] / 4
+    # not resharded after forward: no all-gather in the backward pass, the whole model gathered at once
+    assert total(gathered.collectives, "all_gather", "backward")[0] == 0
+    assert total(plain.collectives, "all_gather", "backward")[0] == LAYERS
+    layer = sum(p.numel() for p in Block(False).parameters()) * FLOAT
+    assert gathered.memory.category_max["unsharded_parameters"] == LAYERS * layer
+    assert plain.memory.category_max["unsharded_parameters"] < LAYERS * layer
