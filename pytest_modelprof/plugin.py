@@ -21,7 +21,7 @@ from .engine import LatencyWarning, Profile, Timing, profile
 from .engine.workload import DEVICE_KINDS, device_kind
 from .metrics import TIMED
 from .report.summary import format_markdown
-from .report.tables import format_tree_table
+from .report.tables import format_collectives, format_tree_table
 from .report.text import format_header
 from .session import ModelprofSession, ProfileNameError
 
@@ -390,7 +390,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if depth:
         for record in sorted(state.records.values(), key=lambda r: r.name):
             write("")
-            for line in (format_header(record.profile) + "\n\n" + format_tree_table(record.profile, depth=int(depth))).splitlines():
+            text = format_header(record.profile) + "\n\n" + format_tree_table(record.profile, depth=int(depth))
+            if record.profile.world_size is not None:
+                text += "\n\n" + format_collectives(record.profile)
+            for line in text.splitlines():
                 write(line)
 
 

@@ -289,3 +289,16 @@ def test_activation_checkpointing_and_keeping_parameters_gathered_show_in_the_ra
     layer = sum(p.numel() for p in Block(False).parameters()) * FLOAT
     assert gathered.memory.category_max["unsharded_parameters"] == LAYERS * layer
     assert plain.memory.category_max["unsharded_parameters"] < LAYERS * layer
+
+
+def test_the_collectives_table_shows_each_place_and_the_step_s_totals():
+    from pytest_modelprof.report import format_collectives, format_count
+
+    result = profile(stack(), torch.randn(BATCH, WIDTH), train=True, world_size=WORLD, parallelize=fsdp, device="meta")
+    lines = format_collectives(result).splitlines()
+    assert lines[0] == f"collectives of rank 0 of {WORLD}, per step"
+    P = sum(p.numel() for p in stack().parameters()) * FLOAT
+    all_gathers = next(line.split() for line in lines if line.split()[:3] == ["all_gather", "step", "(total)"])
+    assert all_gathers[3] == str(2 * LAYERS) and " ".join(all_gathers[4:6]) == format_count(2 * P, "B")
+    with pytest.raises(ValueError, match="not of a sharded step"):
+        format_collectives(profile(stack(), torch.randn(BATCH, WIDTH), device="meta"))

@@ -3,6 +3,7 @@
 from .export import write_modules_csv, write_ops_csv
 from .plots import plot_monitor
 from .tables import (
+    format_collectives,
     format_memory_report,
     format_model_graph,
     format_op_table,
@@ -15,6 +16,7 @@ from .tables import (
 from .text import format_count, format_header
 
 __all__ = [
+    "format_collectives",
     "format_count",
     "format_header",
     "format_memory_report",

@@ -425,3 +425,41 @@ def format_predicted(profile: Profile, top: int = 10) -> str:
         right = "  ".join(cell.rjust(width) for cell, width in zip(row[2:], widths[2:]))
         lines.append(f"  {left}  {right}".rstrip())
     return "\n".join(lines)
+
+
+def format_collectives(profile: Profile) -> str:
+    """A sharded step's collectives, per rank: kind, phase and module, group, dtype, calls, payload
+    (NCCL's bytes) and what a ring moves (bus bytes), then the step's totals by kind."""
+    if profile.world_size is None:
+        raise ValueError("this profile is not of a sharded step: profile it with world_size= and parallelize=")
+    lines = [f"collectives of rank {profile.rank} of {profile.world_size}, per step"]
+    rows = [("kind", "phase", "module", "group", "dtype", "calls", "bytes", "bus bytes")]
+    for c in profile.collectives:
+        rows.append(
+            (
+                c.kind,
+                c.phase,
+                c.module or "<root>",
+                str(c.group_size),
+                c.dtype,
+                str(c.calls),
+                format_count(c.bytes, "B"),
+                format_count(c.bus_bytes, "B"),
+            )
+        )
+    totals: dict[str, list[float]] = {}
+    for c in profile.collectives:
+        entry = totals.setdefault(c.kind, [0, 0, 0.0])
+        entry[0] += c.calls
+        entry[1] += c.bytes
+        entry[2] += c.bus_bytes
+    for kind, (calls, payload, bus) in totals.items():
+        rows.append((kind, "step", "(total)", "", "", str(int(calls)), format_count(payload, "B"), format_count(bus, "B")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        left = "  ".join(cell.ljust(width) for cell, width in zip(row[:5], widths[:5]))
+        right = "  ".join(cell.rjust(width) for cell, width in zip(row[5:], widths[5:]))
+        lines.append(f"  {left}  {right}".rstrip())
+    if not profile.collectives:
+        lines.append("  none")
+    return "\n".join(lines)
