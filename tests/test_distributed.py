@@ -302,3 +302,13 @@ def test_the_collectives_table_shows_each_place_and_the_step_s_totals():
     assert all_gathers[3] == str(2 * LAYERS) and " ".join(all_gathers[4:6]) == format_count(2 * P, "B")
     with pytest.raises(ValueError, match="not of a sharded step"):
         format_collectives(profile(stack(), torch.randn(BATCH, WIDTH), device="meta"))
+
+
+def test_each_fsdp2_collective_is_attributed_to_the_module_it_serves():
+    # a backward prefetch runs in the hook of the layer after, but gathers the parameters of the layer before
+    result = profile(stack(), torch.randn(BATCH, WIDTH), train=True, world_size=WORLD, parallelize=fsdp, device="meta")
+    layer = (WIDTH * WIDTH + WIDTH) * FLOAT
+    for index in range(LAYERS):
+        rows = sorted((c.kind, c.phase, c.calls, c.bytes) for c in result.collectives if c.module == str(index))
+        assert rows == [("all_gather", "backward", 1, layer), ("all_gather", "forward", 1, layer), ("reduce_scatter", "backward", 1, layer)]
+    assert not [c for c in result.collectives if c.module not in {str(i) for i in range(LAYERS)}]

@@ -208,3 +208,42 @@ def storage_resizes(allocated: Callable[[torch.Tensor], None], freed: Callable[[
             setattr(module, "alloc_storage", original_alloc)  # noqa: B010
             if original_free is not None:
                 setattr(module, "free_storage", original_free)  # noqa: B010
+
+
+_serving: list[str] = []  # the modules whose FSDP2 collectives are under way, innermost last
+
+
+def served_module() -> str | None:
+    """The module (dotted path) whose parameters FSDP2 is gathering or whose gradients it is reducing
+    right now; None outside FSDP2's all-gather and reduce-scatter (prefetches included)."""
+    return _serving[-1] if _serving else None
+
+
+@contextlib.contextmanager
+def fsdp_served_modules() -> Iterator[None]:
+    """Track :func:`served_module` while FSDP2 unshards a module's parameters or reduces its
+    gradients: a prefetch runs in another module's hook, but serves the module it gathers for."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except ImportError:
+        yield
+        return
+    originals = {name: getattr(FSDPParamGroup, name) for name in ("unshard", "post_backward") if hasattr(FSDPParamGroup, name)}
+
+    def serving(method: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _serving.append(getattr(self, "_module_fqn", None) or "")
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                _serving.pop()
+
+        return wrapper
+
+    try:
+        for name, method in originals.items():
+            setattr(FSDPParamGroup, name, serving(method))
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(FSDPParamGroup, name, method)

@@ -11,12 +11,15 @@ group every collective returns at once.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from ...results import Collective, ModuleStats, Phase, Profile
+from ..distributed import fsdp_served_modules, served_module
+from ..fake import RunTensors
 from ..modules import StackKey
 from . import Meter, Op
 
@@ -103,16 +106,29 @@ def _place(key: StackKey) -> str:
 
 
 class CollectiveMeter(Meter):
-    """Each collective: its kind, payload and ring traffic per rank, group, dtype, phase and module."""
+    """Each collective: its kind, payload and ring traffic per rank, group, dtype, phase and module
+    (for FSDP2's, the module it serves: whose parameters it gathers, whose gradients it reduces)."""
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str, Phase, str, int, str], list[float]] = {}  # -> [calls, bytes, bus bytes], in order of first call
+        self._serving: Any = None
+
+    def start(self, run: RunTensors, target: torch.device) -> None:
+        if "torch.distributed.fsdp" in sys.modules:  # which module an FSDP2 collective serves
+            self._serving = fsdp_served_modules()
+            self._serving.__enter__()
+
+    def stop(self) -> None:
+        if self._serving is not None:
+            self._serving.__exit__(None, None, None)
+            self._serving = None
 
     def op(self, op: Op) -> None:
         if op.name not in COLLECTIVE_OPS:
             return
         kind, payload, dtype, group_size = self._read(op)
-        key = (kind, op.name, op.phase, _place(op.key), group_size, dtype)
+        served = served_module()
+        key = (kind, op.name, op.phase, served if served is not None else _place(op.key), group_size, dtype)
         row = self.rows.setdefault(key, [0, 0, 0.0])
         row[0] += 1
         row[1] += payload
