@@ -130,6 +130,47 @@ def test_a_tensor_parallel_mlp_does_1_over_n_of_the_products_and_all_reduces_its
     assert (calls, payload) == (1, BATCH * hidden * FLOAT)
     assert bus == payload * 2 * (WORLD - 1) / WORLD
     assert result.memory.category_max["parameters"] == 2 * hidden * ffn * FLOAT // WORLD
+    # kept for the backward pass: the ReLU's output, on this rank's columns (the input is the model's, an input)
+    assert result.memory.category_max["activations"] == BATCH * ffn // WORLD * FLOAT
+
+
+class HeadParallelAttention(nn.Module):
+    """Self-attention whose head count follows its projections' width: under column-parallel q, k, v
+    (Megatron-style) each rank runs its own heads."""
+
+    def __init__(self, hidden: int, head_dim: int) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, seq, t.shape[-1] // self.head_dim, self.head_dim).transpose(1, 2)
+
+        y = nn.functional.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)))
+        return self.o(y.transpose(1, 2).reshape(batch, seq, -1))
+
+
+def test_a_tensor_parallel_attention_block_runs_1_over_n_of_the_heads(device):
+    hidden, head_dim, seq = 64, 16, 32  # 4 heads: one per rank
+    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel()}
+    x = torch.randn(2, seq, hidden)
+    result = profile(
+        HeadParallelAttention(hidden, head_dim),
+        x,
+        world_size=WORLD,
+        parallelize=lambda m, mesh: parallelize_module(m, mesh, plan),
+        device=device,
+    )
+    dense = profile(HeadParallelAttention(hidden, head_dim), x, device=device)
+    tokens = 2 * seq
+    products = result.op("aten.mm", "forward").flops
+    assert products == 4 * 2 * tokens * hidden * hidden // WORLD  # the four projections, on this rank's columns or rows
+    assert result.forward_flops * WORLD == dense.forward_flops  # and the attention of its heads
+    calls, payload, _ = total(result.collectives, "all_reduce", "forward")
+    assert (calls, payload) == (1, tokens * hidden * FLOAT)  # the output projection's partial sums
 
 
 def test_ddp_all_reduces_every_gradient_in_buckets():

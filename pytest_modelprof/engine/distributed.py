@@ -159,6 +159,17 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return inner if isinstance(inner, torch.Tensor) else tensor
 
 
+def wait_for(output: Any) -> None:
+    """Wait for the collectives still in flight in ``output`` (a tensor-parallel output is an
+    AsyncCollectiveTensor), as its use in a real step would: none is left unwaited."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.utils._pytree import tree_flatten
+
+    for value in tree_flatten(output)[0]:
+        if isinstance(value, AsyncCollectiveTensor):
+            value.trigger_wait()  # type: ignore[no-untyped-call]  # the tensor stays as it is, with its autograd graph
+
+
 def transparent_types() -> tuple[type, ...]:
     """Tensor subclasses whose ops the dispatcher lets run as their local ops (a DTensor's op
     is its shard's op, plus the collectives of a redistribution): what one rank runs."""

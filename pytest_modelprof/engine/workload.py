@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
 from .backward import HookGuard, SavedTensors, run_backward
-from .distributed import Parallel
+from .distributed import Parallel, wait_for
 from .errors import ProfileError
 from .fake import RunTensors, choose_mode, run_tensors, tensors_in
 from .modules import ModuleTracker
@@ -224,6 +224,8 @@ class Run:
             raise
         except Exception as error:
             raise _model_error(model, tracker, error) from error
+        if workload.parallel is not None:
+            wait_for(output)
         if workload.train:
             loss = self._loss(output, region)
             # a training loop keeps the loss, not the output: the output lives on only if
