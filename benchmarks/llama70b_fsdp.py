@@ -41,7 +41,7 @@ def shard(model, mesh):
 
 start = time.perf_counter()
 result = profile(model, torch.randint(0, config.vocab_size, (1, 4096)), train=True, optimizer=torch.optim.AdamW(model.parameters()),
-                 world_size={world}, parallelize=shard, device="meta")
+                 world_size={world}, parallelize=shard, device="meta", target={target!r})
 seconds = time.perf_counter() - start
 P = sum(p.numel() for p in model.parameters())
 root = P - sum(p.numel() for p in model.layers.parameters())  # the root's own: embedding, final norm, head
@@ -59,6 +59,9 @@ for kind, phase in (("all_gather", "forward"), ("all_gather", "backward"), ("red
     rows = [c for c in result.collectives if c.kind == kind and c.phase == phase]
     print(kind + "_" + phase, sum(c.calls for c in rows), sum(c.bytes for c in rows), sum(c.bus_bytes for c in rows))
 print("forward_flops", result.forward_flops, "flops", result.flops)
+if result.predicted is not None:
+    pr = result.predicted
+    print("predicted", pr.seconds, pr.comm_seconds, pr.overlapped_seconds, result.fits)
 """
 
 GB = 1e9
@@ -68,9 +71,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=80)
     parser.add_argument("--world-size", type=int, default=64)
+    parser.add_argument(
+        "--target", default=None, help="a GPU (h100, ...): the rank's memory in its allocator's blocks and its predicted step time"
+    )
     options = parser.parse_args()
     world = options.world_size
-    code = RUN.format(root=str(ROOT), layers=options.layers, world=world)
+    code = RUN.format(root=str(ROOT), layers=options.layers, world=world, target=options.target)
     printed, rss = run_with_peak_rss(code)
     figures = {line.split()[0]: line.split()[1:] for line in printed.splitlines()}
     P = int(figures["params"][0])
@@ -94,6 +100,12 @@ def main() -> None:
         print(
             f"  {key:<24} {int(calls):4d} calls, {int(payload) / GB:8.3f} GB (closed form {expected / GB:8.3f} GB), "
             f"ring {float(bus) / GB:8.3f} GB"
+        )
+    if "predicted" in figures:
+        seconds, comm, overlapped, fits = figures["predicted"]
+        print(
+            f"  on {options.target}: predicted step {float(seconds):.2f} s with the collectives after the kernels, "
+            f"{float(overlapped):.2f} s with them all hidden (collectives {float(comm):.2f} s); fits: {fits}"
         )
 
 

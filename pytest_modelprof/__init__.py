@@ -62,6 +62,7 @@ __all__ = [
     "calibration_workload",
     "machine_name",
     "profile",
+    "profile_ranks",
     "register_flop_formula",
     "unregister_flop_formula",
 ]

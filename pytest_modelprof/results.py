@@ -197,6 +197,10 @@ class PredictedReport:
     calibrated: bool  # False: the cost model's round defaults, not fitted to measured kernel times
     calibration: str  # where the efficiencies come from
     ops: list[PredictedOp] = field(default_factory=list)
+    # a sharded step (profile(world_size=..., target=...)): ``seconds`` has its collectives after its kernels,
+    # none overlapped (an upper bound); ``overlapped_seconds`` has them wholly hidden behind the kernels (a lower bound)
+    comm_seconds: float | None = None  # the collectives' time on the links, one after another
+    overlapped_seconds: float | None = None
 
 
 @dataclass
@@ -220,6 +224,7 @@ class Collective:
     calls: int = 0
     bytes: int = 0
     bus_bytes: float = 0.0
+    nodes: int = 1  # how many nodes the group spans (ranks placed in order, node_gpus to a node: 8, or the target's)
 
 
 @dataclass

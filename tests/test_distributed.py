@@ -218,7 +218,7 @@ def test_a_process_group_of_the_caller_is_refused_and_left_alone():
         ({"world_size": 0, "parallelize": fsdp}, "world_size must be a positive int"),
         ({"world_size": 4, "parallelize": fsdp, "rank": 4}, r"rank must be an int in \[0, 4\)"),
         ({"world_size": 8, "parallelize": fsdp, "mesh": (2, 2)}, "product is world_size=8"),
-        ({"world_size": 4, "parallelize": fsdp, "target": "h100"}, "not supported yet"),
+        ({"world_size": 4, "parallelize": fsdp, "latency": True}, "nothing to time"),
     ],
 )
 def test_bad_sharding_arguments_say_what_was_expected(options, message):
@@ -353,3 +353,51 @@ def test_each_fsdp2_collective_is_attributed_to_the_module_it_serves():
         rows = sorted((c.kind, c.phase, c.calls, c.bytes) for c in result.collectives if c.module == str(index))
         assert rows == [("all_gather", "backward", 1, layer), ("all_gather", "forward", 1, layer), ("reduce_scatter", "backward", 1, layer)]
     assert not [c for c in result.collectives if c.module not in {str(i) for i in range(LAYERS)}]
+
+
+def test_a_sharded_step_on_a_target_gpu_adds_its_collectives_to_the_predicted_time():
+    from pytest_modelprof.engine.targets.cost import COLLECTIVE_LATENCY, LINK_EFFICIENCY
+    from pytest_modelprof.engine.targets.gpus import GPUS
+
+    h100 = GPUS["h100"]
+    P = sum(p.numel() for p in stack().parameters()) * FLOAT
+
+    def run(world: int):
+        model = stack()
+        optimizer = torch.optim.AdamW(model.parameters())
+        return profile(model, torch.randn(BATCH, WIDTH), train=True, optimizer=optimizer, world_size=world, parallelize=fsdp, target="h100")
+
+    for world, nodes, bandwidth in ((4, 1, h100.interconnect), (16, 2, h100.network)):  # 8 GPUs to a node
+        result = run(world)
+        assert result.target == "h100" and result.fits and {c.nodes for c in result.collectives} == {nodes}
+        calls = sum(c.calls for c in result.collectives)
+        bus = 3 * P * (world - 1) / world  # all-gathers of 2P and a reduce-scatter of P, on a ring
+        comm = calls * COLLECTIVE_LATENCY + bus / (bandwidth * LINK_EFFICIENCY)
+        predicted = result.predicted
+        assert predicted.comm_seconds == pytest.approx(comm, rel=1e-12)
+        compute = predicted.seconds - predicted.comm_seconds
+        assert compute > 0 and predicted.overlapped_seconds == max(compute, comm)
+        # the caching allocator's 512-byte blocks: each parameter's shard rounded up
+        shards = [(WIDTH * WIDTH) // world * FLOAT, WIDTH // world * FLOAT] * LAYERS
+        assert result.memory.category_max["parameters"] == sum(-(-b // 512) * 512 for b in shards)
+        # the optimizer as CUDA runs it: foreach kernels
+        assert any(row.op.startswith("aten._foreach_") for row in result.ops if row.phase == "optimizer")
+        from pytest_modelprof.report import format_predicted
+
+        assert "after the kernels above (none overlapped)" in format_predicted(result).splitlines()[1]
+
+
+def test_profile_ranks_shows_the_uneven_shards_of_the_last_ranks():
+    from pytest_modelprof import profile_ranks
+
+    def shard(model, mesh):
+        fully_shard(model, mesh=mesh)
+
+    # FSDP2 splits dim 0 in chunks of ceil(6 / 4) = 2 rows: ranks 0-2 hold two rows each, rank 3 none
+    results = profile_ranks(nn.Linear(10, 6), torch.randn(2, 10), train=True, world_size=WORLD, parallelize=shard, device="meta")
+    assert [r.rank for r in results] == list(range(WORLD))
+    held = [dict((name, weight) for name, weight, _ in r.memory.parameters) for r in results]
+    assert held == [{"weight": 2 * 10 * FLOAT, "bias": 2 * FLOAT}] * 3 + [{"weight": 0, "bias": 0}]
+    # every rank all-gathers and reduce-scatters the padded shards: the same volume
+    assert len({r.comm_bytes for r in results}) == 1
+    assert [r.rank for r in profile_ranks(nn.Linear(10, 6), torch.randn(2, 10), world_size=WORLD, parallelize=shard, ranks=[3])] == [3]

@@ -6,7 +6,7 @@ from .formulas import OpCost
 from .meters import Meter, Op
 from .meters.flops import register_flop_formula, unregister_flop_formula
 from .monitor import IterationMemory, MemoryGrowthWarning, MemoryMonitor
-from .run import profile
+from .run import profile, profile_ranks
 from .targets.gpus import GPUS, GPUSpec
 from .timing import LatencyWarning, Timing, calibration_workload, machine_name
 
@@ -34,6 +34,7 @@ __all__ = [
     "calibration_workload",
     "machine_name",
     "profile",
+    "profile_ranks",
     "register_flop_formula",
     "unregister_flop_formula",
 ]

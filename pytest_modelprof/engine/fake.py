@@ -10,6 +10,7 @@ tensors (gradients, an optimizer step, buffers a training forward updates).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -98,9 +99,11 @@ def run_tensors(workload: Workload) -> RunTensors:
         return copied
 
     args, kwargs = tree_map(copy, (workload.args, workload.kwargs))
-    if workload.parallel is not None:  # the run's own sharded copy of the model: its tensors as they are
+    cuda_defaults = fake_mode is not None and target.type == "cuda"
+    if workload.sharded is not None:  # the run's own sharded copy of the model: its tensors as they are
         params, buffers = dict(workload.named_params), dict(workload.named_buffers)
-        sources = workload.source_params
+        sources = workload.sharded.source_params
+        cuda_defaults = workload.sharded.gpu is not None
     else:
         params = {name: parameter(t) for name, t in workload.named_params.items()}
         buffers = {name: copy(t) if train else convert(t) for name, t in workload.named_buffers.items()}
@@ -108,12 +111,13 @@ def run_tensors(workload: Workload) -> RunTensors:
     run_optimizer = None
     if workload.optimizer is not None:
         by_id = {id(sources[source]): tensor for name, tensor in params.items() if (source := _source_name(name, sources)) is not None}
-        with_state = workload.parallel is None  # a shard's state is made by its own first step
-        run_optimizer = _copy_optimizer(workload.optimizer, by_id, fake_mode, target, type(workload.model).__name__, with_state)
+        with_state = workload.sharded is None  # a shard's state is made by its own first step
+        model = type(workload.model).__name__
+        run_optimizer = _copy_optimizer(workload.optimizer, by_id, fake_mode, target, model, with_state, cuda_defaults)
     return RunTensors(params, buffers, args, kwargs, run_optimizer)
 
 
-def _source_name(name: str, sources: dict[str, torch.Tensor]) -> str | None:
+def _source_name(name: str, sources: Mapping[str, torch.Tensor]) -> str | None:
     """The caller's name of the run's parameter ``name`` (a wrapper such as DDP adds ``module.``)."""
     if name in sources:
         return name
@@ -132,8 +136,10 @@ def _copy_optimizer(
     target: torch.device,
     model: str,
     with_state: bool = True,
+    cuda_defaults: bool = False,
 ) -> torch.optim.Optimizer:
-    """The same optimizer (class, groups, hyperparameters, and with ``with_state`` its state) over the run's tensors."""
+    """The same optimizer (class, groups, hyperparameters, and with ``with_state`` its state) over the run's
+    tensors; ``cuda_defaults``: as CUDA runs it (foreach kernels unless the optimizer says otherwise)."""
     groups = []
     for group in optimizer.param_groups:
         params = []
@@ -144,7 +150,7 @@ def _copy_optimizer(
             params.append(run)
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
     accepted = inspect.signature(type(optimizer)).parameters
-    if fake_mode is not None and target.type == "cuda" and "foreach" in accepted:
+    if cuda_defaults and "foreach" in accepted:
         # CUDA's default when neither is asked for: the foreach kernels (the optimizers'
         # _default_to_fused_or_foreach, which does not take fake tensors for CUDA ones)
         for group in groups:

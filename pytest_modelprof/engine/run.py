@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..results import Profile
+from ..results import PredictedReport, Profile
 from .assemble import assemble, roll_up_containers
 from .dispatch import Dispatcher
 from .distributed import Parallel, Parallelize, fake_world, sharded_copy, transparent_types
@@ -26,10 +26,11 @@ from .memo import LeafMemo
 from .meters import Meter
 from .meters.collectives import CollectiveMeter
 from .meters.flops import FlopMeter, FormulaTable
-from .meters.memory import MemoryMeter
+from .meters.memory import CUDA_BLOCK, MemoryMeter
 from .meters.predicted import PredictedMeter
 from .modules import ModuleTracker
-from .targets.gpus import GPUSpec
+from .targets.cost import collective_seconds
+from .targets.gpus import GPUSpec, gpu_spec
 from .timing import Timing, batch_size_of, measure_latency
 from .workload import Sharded, Workload
 
@@ -104,15 +105,16 @@ def profile(
     state), then the metered one, and tears the process group down. Figures are the rank's:
     FLOPs of its shards, memory it holds (``unsharded_parameters`` for FSDP2's all-gathered
     copies), and ``Profile.collectives``. ``device="meta"`` shards on the meta device, with no memory.
+    With ``target=``, memory is counted in the caching allocator's blocks and the predicted time
+    includes the collectives over the GPU's links (see :class:`~pytest_modelprof.results.PredictedReport`).
     """
     parallel = Parallel.build(world_size, parallelize, rank, mesh)
     if parallel is not None:
-        if target is not None:
-            raise ProfileError("world_size= with target= is not supported yet: a sharded step runs on a CPU mesh")
         if latency:
             raise ProfileError("world_size= profiles one rank under a fake process group, which moves no data: there is nothing to time")
         options = {"train": train, "loss_fn": loss_fn, "optimizer": optimizer, "no_grad": no_grad, "set_to_none": set_to_none}
-        return _sharded(model, inputs, parallel, device, options, FormulaTable(formulas), flops, memory, meters, autocast)
+        gpu = gpu_spec(target) if target is not None else None
+        return _sharded(model, inputs, parallel, device, options, FormulaTable(formulas), flops, memory, meters, autocast, gpu)
     workload = Workload.build(
         model,
         inputs,
@@ -147,6 +149,25 @@ def profile(
     return result
 
 
+def profile_ranks(
+    model: nn.Module,
+    inputs: Any = (),
+    *,
+    world_size: int,
+    parallelize: Parallelize,
+    ranks: Sequence[int] | None = None,
+    **options: Any,
+) -> list[Profile]:
+    """A profile of each of ``ranks`` (all ``world_size`` by default) of a sharded step, for steps whose
+    ranks differ: uneven shards (the last ranks of a dimension that does not divide), or a
+    ``parallelize`` that gives each rank its own part (``torch.distributed.get_rank()`` in it).
+    ``options`` are :func:`profile`'s; each rank runs under a fake process group of its own."""
+    chosen = list(range(world_size)) if ranks is None else list(ranks)
+    if "rank" in options:
+        raise TypeError("profile_ranks() takes ranks=, the ranks to profile, not rank=")
+    return [profile(model, inputs, world_size=world_size, parallelize=parallelize, rank=rank, **options) for rank in chosen]
+
+
 def _sharded(
     model: nn.Module,
     inputs: Any,
@@ -158,8 +179,10 @@ def _sharded(
     memory: bool,
     meters: Sequence[Meter],
     autocast: torch.dtype | None,
+    gpu: GPUSpec | None,
 ) -> Profile:
-    """One rank's step of ``model`` sharded by ``parallel`` (see :func:`profile`)."""
+    """One rank's step of ``model`` sharded by ``parallel`` (see :func:`profile`); with ``gpu``, its
+    memory in the caching allocator's blocks and its predicted time there, collectives included."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"profile() expects a torch.nn.Module as the model, got {type(model).__name__}")
     kind = torch.device(device).type if device is not None else None
@@ -176,12 +199,35 @@ def _sharded(
         if fake_mode is not None:
             with fake_mode:
                 copy.to_empty(device="cpu")  # the shards' storage, fake: nothing is allocated
-        workload = Workload.build(copy, inputs, autocast=autocast, sharded=Sharded(parallel, fake_mode, source_params), **options)
-        attached = [*([FlopMeter(table)] if flops else []), *([MemoryMeter()] if memory else []), CollectiveMeter(), *meters]
+        workload = Workload.build(copy, inputs, autocast=autocast, sharded=Sharded(parallel, fake_mode, source_params, gpu), **options)
+        attached = [
+            *([FlopMeter(table)] if flops else []),
+            *([MemoryMeter(round_to=CUDA_BLOCK if gpu is not None else None, gpu=gpu)] if memory else []),
+            *([PredictedMeter(gpu, table)] if gpu is not None else []),
+            CollectiveMeter(gpu.node_gpus if gpu is not None else 8),
+            *meters,
+        ]
         result = _metered(workload, attached)
     result.world_size, result.rank = parallel.world_size, parallel.rank
     result.model = type(model).__name__  # not the sharded copy's class (FSDPSequential, DistributedDataParallel)
+    if gpu is not None:
+        result.target, result.target_memory_bytes = gpu.name, gpu.memory_bytes
+        if result.predicted is not None:
+            _add_communication(result.predicted, result, gpu)
     return result
+
+
+def _add_communication(predicted: PredictedReport, result: Profile, gpu: GPUSpec) -> None:
+    """A sharded step's collectives in its predicted time: after the kernels (``seconds``, an upper
+    bound) and wholly hidden behind them (``overlapped_seconds``, a lower bound)."""
+    times = [collective_seconds(gpu, c.calls, c.bus_bytes, c.nodes) for c in result.collectives]
+    if any(t is None for t in times):
+        return  # a link the spec gives no bandwidth for: the collectives' time is unknown
+    comm = sum(t for t in times if t is not None)
+    compute = predicted.seconds
+    predicted.comm_seconds = comm
+    predicted.seconds = compute + comm
+    predicted.overlapped_seconds = max(compute, comm)
 
 
 def _metered(workload: Workload, meters: list[Meter]) -> Profile:

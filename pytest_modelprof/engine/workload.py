@@ -51,6 +51,7 @@ class Sharded:
     parallel: Parallel
     fake_mode: FakeTensorMode | None  # an analytic run: the copy's storage is fake
     source_params: Mapping[str, torch.Tensor]  # the caller's parameters by name
+    gpu: GPUSpec | None = None  # the GPU the ranks run on (target=): the optimizer's CUDA defaults
 
 
 @dataclass
@@ -74,8 +75,7 @@ class Workload:
     named_modules: list[tuple[str, nn.Module]] = field(repr=False)
     # a sharded step (profile(world_size=...)): the model is the run's own sharded copy, stepped in place;
     # source_params are the caller's parameters by name, which the caller's optimizer holds
-    parallel: Parallel | None = None
-    source_params: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    sharded: Sharded | None = field(default=None, repr=False)
 
     @classmethod
     def build(
@@ -131,9 +131,13 @@ class Workload:
             named_params=named_params,
             named_buffers=named_buffers,
             named_modules=list(model.named_modules(remove_duplicate=False)),
-            parallel=sharded.parallel if sharded is not None else None,
-            source_params=dict(sharded.source_params) if sharded is not None else {},
+            sharded=sharded,
         )
+
+    @property
+    def parallel(self) -> Parallel | None:
+        """How the step is sharded (None: it is not)."""
+        return self.sharded.parallel if self.sharded is not None else None
 
     @property
     def analytic(self) -> bool:

@@ -407,6 +407,11 @@ def format_predicted(profile: Profile, top: int = 10) -> str:
         f"predicted step on {predicted.target}: {format_seconds(predicted.seconds)} "
         f"(GPU busy {format_seconds(predicted.gpu_seconds)}, host issuing {format_seconds(predicted.host_seconds)}; {calibration})"
     ]
+    if predicted.comm_seconds is not None and predicted.overlapped_seconds is not None:
+        lines.append(
+            f"collectives: {format_seconds(predicted.comm_seconds)} on the links, after the kernels above (none overlapped); "
+            f"{format_seconds(predicted.overlapped_seconds)} if all were hidden behind the kernels"
+        )
     if profile.fits is not None and profile.memory is not None:
         verdict = "fits" if profile.fits else "does not fit"
         lines.append(

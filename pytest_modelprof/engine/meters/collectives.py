@@ -47,21 +47,21 @@ _C10D: dict[str, tuple[str, int | str]] = {
     "c10d.barrier": ("barrier", -1),
     "c10d.monitored_barrier_": ("barrier", -1),
 }
-# functional collectives: kind, payload, and the group: ("size", index) or ("name", index)
-_FUNCTIONAL: dict[str, tuple[str, int | str, tuple[str, int]]] = {
-    "_c10d_functional.all_gather_into_tensor": ("all_gather", "out", ("size", 1)),
-    "_c10d_functional.all_gather_into_tensor_coalesced": ("all_gather", "out", ("size", 1)),
-    "_c10d_functional.reduce_scatter_tensor": ("reduce_scatter", 0, ("size", 2)),
-    "_c10d_functional.reduce_scatter_tensor_coalesced": ("reduce_scatter", 0, ("size", 2)),
-    "_c10d_functional.all_reduce": ("all_reduce", 0, ("name", 2)),
-    "_c10d_functional.all_reduce_": ("all_reduce", 0, ("name", 2)),
-    "_c10d_functional.all_reduce_coalesced": ("all_reduce", 0, ("name", 2)),
-    "_c10d_functional.all_reduce_coalesced_": ("all_reduce", 0, ("name", 2)),
-    "_c10d_functional.all_to_all_single": ("all_to_all", 0, ("name", 3)),
-    "_c10d_functional.broadcast": ("broadcast", 0, ("name", 2)),
-    "_c10d_functional.broadcast_": ("broadcast", 0, ("name", 2)),
-    "_c10d_functional.isend": ("send", 0, ("name", 3)),
-    "_c10d_functional.irecv": ("recv", 0, ("name", 3)),
+# functional collectives: kind, payload, and which argument names the group
+_FUNCTIONAL: dict[str, tuple[str, int | str, int]] = {
+    "_c10d_functional.all_gather_into_tensor": ("all_gather", "out", 2),
+    "_c10d_functional.all_gather_into_tensor_coalesced": ("all_gather", "out", 2),
+    "_c10d_functional.reduce_scatter_tensor": ("reduce_scatter", 0, 3),
+    "_c10d_functional.reduce_scatter_tensor_coalesced": ("reduce_scatter", 0, 3),
+    "_c10d_functional.all_reduce": ("all_reduce", 0, 2),
+    "_c10d_functional.all_reduce_": ("all_reduce", 0, 2),
+    "_c10d_functional.all_reduce_coalesced": ("all_reduce", 0, 2),
+    "_c10d_functional.all_reduce_coalesced_": ("all_reduce", 0, 2),
+    "_c10d_functional.all_to_all_single": ("all_to_all", 0, 3),
+    "_c10d_functional.broadcast": ("broadcast", 0, 2),
+    "_c10d_functional.broadcast_": ("broadcast", 0, 2),
+    "_c10d_functional.isend": ("send", 0, 3),
+    "_c10d_functional.irecv": ("recv", 0, 3),
 }
 COLLECTIVE_OPS = frozenset(_C10D) | frozenset(_FUNCTIONAL)
 
@@ -95,10 +95,19 @@ def _group_of(args: Any) -> Any:
     return None
 
 
-def _size_of_group(name: Any) -> int:
+def _named_group(name: Any) -> Any:
     from torch.distributed import distributed_c10d
 
-    return int(distributed_c10d._resolve_process_group(name).size())  # type: ignore[attr-defined]
+    return distributed_c10d._resolve_process_group(name)  # type: ignore[attr-defined]
+
+
+def _nodes(group: Any, node_gpus: int) -> int:
+    """How many nodes of ``node_gpus`` consecutive ranks the group's ranks span."""
+    import torch.distributed as dist
+
+    if group is None:
+        return 1
+    return len({rank // node_gpus for rank in dist.get_process_group_ranks(group)})
 
 
 def _place(key: StackKey) -> str:
@@ -109,8 +118,10 @@ class CollectiveMeter(Meter):
     """Each collective: its kind, payload and ring traffic per rank, group, dtype, phase and module
     (for FSDP2's, the module it serves: whose parameters it gathers, whose gradients it reduces)."""
 
-    def __init__(self) -> None:
-        self.rows: dict[tuple[str, str, Phase, str, int, str], list[float]] = {}  # -> [calls, bytes, bus bytes], in order of first call
+    def __init__(self, node_gpus: int = 8) -> None:
+        self.node_gpus = node_gpus  # ranks per node, consecutive: whether a group's collective leaves its node
+        # (kind, op, phase, module, group size, nodes, dtype) -> [calls, bytes, bus bytes], in order of first call
+        self.rows: dict[tuple[str, str, Phase, str, int, int, str], list[float]] = {}
         self._serving: Any = None
 
     def start(self, run: RunTensors, target: torch.device) -> None:
@@ -126,33 +137,31 @@ class CollectiveMeter(Meter):
     def op(self, op: Op) -> None:
         if op.name not in COLLECTIVE_OPS:
             return
-        kind, payload, dtype, group_size = self._read(op)
+        kind, payload, dtype, group = self._read(op)
+        size = int(group.size()) if group is not None else 1
         served = served_module()
-        key = (kind, op.name, op.phase, served if served is not None else _place(op.key), group_size, dtype)
+        key = (kind, op.name, op.phase, served if served is not None else _place(op.key), size, _nodes(group, self.node_gpus), dtype)
         row = self.rows.setdefault(key, [0, 0, 0.0])
         row[0] += 1
         row[1] += payload
-        row[2] += payload * bus_factor(kind, group_size)
+        row[2] += payload * bus_factor(kind, size)
 
-    def _read(self, op: Op) -> tuple[str, int, str, int]:
-        """(kind, payload bytes, dtype, group size) of a collective op."""
+    def _read(self, op: Op) -> tuple[str, int, str, Any]:
+        """(kind, payload bytes, dtype, process group) of a collective op."""
         args = op.args
         if op.name in _C10D:
             kind, at = _C10D[op.name]
             group = _group_of(args)
-            size = int(group.size()) if group is not None else 1
             if at == -1:
-                return kind, 0, "", size
+                return kind, 0, "", group
             payload, dtype = _bytes(args[at])
-            return kind, payload, dtype, size
-        kind, at, (how, where) = _FUNCTIONAL[op.name]
+            return kind, payload, dtype, group
+        kind, at, where = _FUNCTIONAL[op.name]
         payload, dtype = _bytes(op.out if at == "out" else args[at])
-        group = args[where] if where < len(args) else None
-        size = int(group) if how == "size" and group is not None else _size_of_group(group)
-        return kind, payload, dtype, size
+        return kind, payload, dtype, _named_group(args[where]) if where < len(args) else None
 
     def contribute(self, profile: Profile, modules: dict[str, ModuleStats]) -> None:
         profile.collectives = [
-            Collective(kind, name, phase, module, size, dtype, int(calls), int(payload), bus)
-            for (kind, name, phase, module, size, dtype), (calls, payload, bus) in self.rows.items()
+            Collective(kind, name, phase, module, size, dtype, int(calls), int(payload), bus, nodes)
+            for (kind, name, phase, module, size, nodes, dtype), (calls, payload, bus) in self.rows.items()
         ]

@@ -7,7 +7,11 @@ dtype of the math the GPU runs for it (tensor cores for ``bfloat16``/``float16``
 ``float8``, and for ``tf32``; CUDA cores for ``float32`` and ``float64``),
 ``compute_capability`` what ``torch.cuda.get_device_capability`` returns (it decides
 kernels: the attention backend, the cuBLAS workspace), and ``interconnect`` the
-GPU-to-GPU bandwidth per direction in bytes/s (NVLink, else PCIe).
+GPU-to-GPU bandwidth per direction in bytes/s (NVLink, else PCIe) between the
+``node_gpus`` GPUs of one node; ``network`` is each GPU's bandwidth to other nodes per
+direction (the reference systems': one 400 Gb/s InfiniBand NIC per GPU on DGX/HGX H100 and
+H200, 200 Gb/s on DGX A100, 100 Gb/s per node of eight PCIe cards), for the time of a sharded
+step's collectives (``profile(world_size=..., target=...)``).
 
 A GPU that is not in the table is a :class:`GPUSpec` of your own, passed as ``target=``.
 """
@@ -71,12 +75,16 @@ class GPUSpec:
     peak_flops: Mapping[str, float] = field(hash=False)  # dtype name ("bfloat16", "tf32", ...) -> FLOP/s
     sm_count: int
     compute_capability: tuple[int, int]
-    interconnect: float = 0.0  # bytes/s per direction, GPU to GPU
+    interconnect: float = 0.0  # bytes/s per direction, GPU to GPU within a node
     calibration: Calibration = field(default=UNCALIBRATED, hash=False)  # of the predicted-time model
+    node_gpus: int = 8  # GPUs of one node, reached at ``interconnect``
+    network: float = 0.0  # bytes/s per direction, each GPU to other nodes
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0 or self.bandwidth <= 0 or self.sm_count <= 0:
             raise ValueError(f"GPUSpec {self.name!r}: memory_bytes, bandwidth and sm_count must be positive")
+        if self.node_gpus < 1 or self.interconnect < 0 or self.network < 0:
+            raise ValueError(f"GPUSpec {self.name!r}: node_gpus must be positive, interconnect and network not negative")
         if len(self.compute_capability) != 2:
             raise ValueError(f"GPUSpec {self.name!r}: compute_capability is (major, minor), got {self.compute_capability!r}")
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
@@ -91,8 +99,10 @@ def _spec(
     cc: tuple[int, int],
     link: float,
     calibration: Calibration = UNCALIBRATED,
+    network: float = 100 / 8 / 8,
 ) -> GPUSpec:
-    return GPUSpec(name, mib * MiB, bandwidth, {k: v * T for k, v in flops.items()}, sms, cc, link * G, calibration)
+    """``link`` and ``network`` in GB/s (``network``: Gb/s per GPU / 8); by default 100 Gb/s for a node of eight."""
+    return GPUSpec(name, mib * MiB, bandwidth, {k: v * T for k, v in flops.items()}, sms, cc, link * G, calibration, 8, network * G)
 
 
 # fitted by benchmarks/predicted_vs_h100.py on the kernel and step times of the nine H100
@@ -124,7 +134,7 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
     {
         spec.name: spec
         for spec in (
-            _spec("h100", 81559, 3.35e12, _HOPPER, 132, (9, 0), 450, H100_CALIBRATION),  # H100 SXM5 80GB, NVLink 4
+            _spec("h100", 81559, 3.35e12, _HOPPER, 132, (9, 0), 450, H100_CALIBRATION, 400 / 8),  # H100 SXM5 80GB, NVLink 4, NDR
             _spec(
                 "h100-pcie",
                 81559,
@@ -134,9 +144,9 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
                 (9, 0),
                 64,
             ),
-            _spec("h200", 143771, 4.8e12, _HOPPER, 132, (9, 0), 450),  # H200 SXM 141GB
-            _spec("a100-80gb", 81920, 2.039e12, _AMPERE, 108, (8, 0), 300),  # A100 SXM4 80GB, NVLink 3
-            _spec("a100-40gb", 40960, 1.555e12, _AMPERE, 108, (8, 0), 300),
+            _spec("h200", 143771, 4.8e12, _HOPPER, 132, (9, 0), 450, network=400 / 8),  # H200 SXM 141GB
+            _spec("a100-80gb", 81920, 2.039e12, _AMPERE, 108, (8, 0), 300, network=200 / 8),  # A100 SXM4 80GB, NVLink 3, HDR
+            _spec("a100-40gb", 40960, 1.555e12, _AMPERE, 108, (8, 0), 300, network=200 / 8),
             _spec(
                 "l4",
                 23034,
