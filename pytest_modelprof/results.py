@@ -283,6 +283,8 @@ class ModuleStats:
     backward_device_seconds: float | None = None
     # a target GPU's predicted kernel seconds of the module and its children, all phases (None: no target)
     predicted_seconds: float | None = None
+    # a sharded step: the payload (NCCL's bytes) of the collectives serving the module and its children (None: unsharded)
+    comm_bytes: int | None = None
     container: bool = False
 
     @property

@@ -401,3 +401,36 @@ def test_profile_ranks_shows_the_uneven_shards_of_the_last_ranks():
     # every rank all-gathers and reduce-scatters the padded shards: the same volume
     assert len({r.comm_bytes for r in results}) == 1
     assert [r.rank for r in profile_ranks(nn.Linear(10, 6), torch.randn(2, 10), world_size=WORLD, parallelize=shard, ranks=[3])] == [3]
+
+
+def test_mixed_precision_gathers_bf16_parameters_and_reduces_fp32_gradients():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+    def shard(model, mesh):
+        for layer in model:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+
+    result = profile(stack(), torch.randn(BATCH, WIDTH), train=True, world_size=WORLD, parallelize=shard, device="meta")
+    params = sum(p.numel() for p in stack().parameters())
+    gathers = [c for c in result.collectives if c.kind == "all_gather"]
+    assert {c.dtype for c in gathers} == {"bfloat16"} and sum(c.bytes for c in gathers) == 2 * params * 2  # twice, 2 bytes each
+    scatters = [c for c in result.collectives if c.kind == "reduce_scatter"]
+    assert {c.dtype for c in scatters} == {"float32"} and sum(c.bytes for c in scatters) == params * FLOAT
+    assert result.memory.category_max["parameters"] == params * FLOAT // WORLD  # the fp32 shards stay
+    layer = (WIDTH * WIDTH + WIDTH) * 2
+    assert result.memory.category_max["unsharded_parameters"] >= layer  # the gathered copies are bf16
+
+
+def test_the_module_tree_shows_the_collectives_each_module_is_served_by():
+    from pytest_modelprof.report import format_tree_table
+
+    result = profile(stack(), torch.randn(BATCH, WIDTH), train=True, world_size=WORLD, parallelize=fsdp, device="meta")
+    layer = (WIDTH * WIDTH + WIDTH) * FLOAT
+    assert [result.module(str(i)).comm_bytes for i in range(LAYERS)] == [3 * layer] * LAYERS  # 2 all-gathers, 1 reduce-scatter
+    assert result.module("").comm_bytes == result.comm_bytes
+    header = format_tree_table(result, depth=1).splitlines()[0].split()
+    assert "comm" in header
+    assert "comm" not in format_tree_table(profile(stack(), torch.randn(BATCH, WIDTH), device="meta"), depth=1).splitlines()[0].split()

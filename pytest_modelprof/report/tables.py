@@ -58,6 +58,8 @@ def module_columns(profile: Profile) -> list[Column]:
         columns.append(
             Column(f"{target} time", lambda m: m.predicted_seconds, lambda p: p.predicted.gpu_seconds if p.predicted else 0.0, unit="s")
         )
+    if profile.world_size is not None:
+        columns.append(Column("comm", lambda m: m.comm_bytes, lambda p: p.comm_bytes or 0, unit="B"))
     columns.append(Column("share", lambda m: m.share))
     return columns
 

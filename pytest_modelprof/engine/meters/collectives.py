@@ -161,6 +161,15 @@ class CollectiveMeter(Meter):
         return kind, payload, dtype, _named_group(args[where]) if where < len(args) else None
 
     def contribute(self, profile: Profile, modules: dict[str, ModuleStats]) -> None:
+        for stats in modules.values():
+            stats.comm_bytes = 0
+        for (_, _, _, module, _, _, _), (_, payload, _) in self.rows.items():
+            if module in modules:  # the module and the modules holding it
+                parts = module.split(".") if module else []
+                for depth in range(len(parts) + 1):
+                    ancestor = modules.get(".".join(parts[:depth]))
+                    if ancestor is not None:
+                        ancestor.comm_bytes = (ancestor.comm_bytes or 0) + int(payload)
         profile.collectives = [
             Collective(kind, name, phase, module, size, dtype, int(calls), int(payload), bus, nodes)
             for (kind, name, phase, module, size, nodes, dtype), (calls, payload, bus) in self.rows.items()
