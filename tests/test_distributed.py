@@ -434,3 +434,35 @@ def test_the_module_tree_shows_the_collectives_each_module_is_served_by():
     header = format_tree_table(result, depth=1).splitlines()[0].split()
     assert "comm" in header
     assert "comm" not in format_tree_table(profile(stack(), torch.randn(BATCH, WIDTH), device="meta"), depth=1).splitlines()[0].split()
+
+
+class ShardableMLP(nn.Module):
+    def __init__(self, hidden: int = 64, ffn: int = 256) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(hidden, ffn, bias=False), nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")  # torch's, on the row-parallel output's view
+def test_two_dimensional_fsdp_and_tensor_parallelism(device):
+    hidden, ffn, dp, tp = 64, 256, 2, 2
+
+    def two_d(model, mesh):
+        for block in model:
+            parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+
+    model = nn.Sequential(ShardableMLP(hidden, ffn), ShardableMLP(hidden, ffn))
+    result = profile(
+        model, torch.randn(BATCH, hidden), train=True, world_size=dp * tp, parallelize=two_d, mesh={"dp": dp, "tp": tp}, device=device
+    )
+    block = 2 * hidden * ffn * FLOAT  # one block's parameter bytes
+    assert result.memory.category_max["parameters"] == 2 * block // (dp * tp)  # sharded both ways
+    assert result.forward_flops == 2 * (2 * 2 * BATCH * hidden * ffn // tp + BATCH * ffn // tp)  # per block: two products, a ReLU
+    gathers = [c for c in result.collectives if c.kind == "all_gather"]
+    assert {c.group_size for c in gathers} == {dp} and sum(c.bytes for c in gathers) == 2 * 2 * block // tp  # the TP shards, twice
+    reduces = [c for c in result.collectives if c.kind == "all_reduce" and c.phase == "forward"]
+    assert {c.group_size for c in reduces} == {tp} and sum(c.bytes for c in reduces) == 2 * BATCH * hidden * FLOAT
