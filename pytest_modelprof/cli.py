@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--plot",
         metavar="FILE",
-        help="draw FLOPs per top-level module into a PNG, and memory over time into FILE's stem + .memory.png (needs matplotlib)",
+        help="draw FLOPs per top-level module into a PNG, memory over time into FILE's stem + .memory.png, and with --target "
+        "the roofline of the predicted step into FILE's stem + .roofline.png (needs matplotlib)",
     )
     parser.add_argument(
         "--latency", action="store_true", help="time the workload on real tensors too (median, spread, throughput, achieved FLOP/s)"
@@ -513,17 +514,21 @@ def _write_outputs(result: Any, options: argparse.Namespace, out: TextIO) -> Non
             write_ops_csv(result, handle)
         print(f"wrote {modules} and {ops}", file=out)
     if options.plot:
-        from .report.plots import plot_memory_timeline, plot_module_flops
+        from .report.plots import plot_memory_timeline, plot_module_flops, plot_roofline
 
         flops_plot = Path(options.plot)
-        memory_plot = flops_plot.with_name(flops_plot.stem + ".memory.png")
+        written = [flops_plot]
         try:
             plot_module_flops(result, flops_plot, depth=1)
             if result.memory is not None:
-                plot_memory_timeline(result, memory_plot)
+                written.append(flops_plot.with_name(flops_plot.stem + ".memory.png"))
+                plot_memory_timeline(result, written[-1])
+            if result.predicted is not None:  # a --target GPU: the roofline of its predicted step
+                written.append(flops_plot.with_name(flops_plot.stem + ".roofline.png"))
+                plot_roofline(result, written[-1])
         except ImportError as error:
             raise CliError(str(error)) from None
-        print(f"wrote {flops_plot}" + (f" and {memory_plot}" if result.memory is not None else ""), file=out)
+        print("wrote " + ", ".join(str(path) for path in written), file=out)
 
 
 def _check_budget(result: Any, name: str, budgets: Any, out: TextIO) -> int:

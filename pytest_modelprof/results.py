@@ -201,6 +201,9 @@ class PredictedReport:
     # none overlapped (an upper bound); ``overlapped_seconds`` has them wholly hidden behind the kernels (a lower bound)
     comm_seconds: float | None = None  # the collectives' time on the links, one after another
     overlapped_seconds: float | None = None
+    # the target's roofs, for the roofline view: peak FLOP/s per dtype of its math, memory bandwidth in bytes/s
+    peak_flops: dict[str, float] = field(default_factory=dict)
+    bandwidth: float = 0.0
 
 
 @dataclass

@@ -11,7 +11,9 @@ from importlib import resources
 import jsonschema
 import pytest
 import torch
+from torch import nn
 
+from pytest_modelprof import profile
 from pytest_modelprof.cli import build_parser, main, progress
 
 SMALL = ["torchvision.models:resnet18", "--input", "1x3x64x64", "--kw", "num_classes=10"]
@@ -274,3 +276,21 @@ def test_a_target_gpu_prints_its_memory_and_predicted_step(capsys):
     assert table[2].split()[:1] == ["operator"] and len(table) == 3 + 3  # the header, memory, columns and 3 rows
     assert main([*SMALL, "--target", "h1000"], out=io.StringIO()) == 2
     assert "unknown --target 'h1000': expected one of h100, h100-pcie" in capsys.readouterr().err
+
+
+def test_a_target_gpu_s_roofline_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = io.StringIO()
+    plot = tmp_path / "p.png"
+    assert main([*SMALL, "--train", "--target", "h100", "--plot", str(plot)], out=out) == 0
+    roofline = tmp_path / "p.roofline.png"
+    assert roofline.read_bytes()[:4] == b"\x89PNG"
+    assert f"wrote {plot}, {tmp_path / 'p.memory.png'}, {roofline}" in out.getvalue()
+
+
+def test_a_roofline_needs_a_predicted_step(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pytest_modelprof.report.plots import plot_roofline
+
+    with pytest.raises(ValueError, match="no predicted time"):
+        plot_roofline(profile(nn.Linear(4, 4), torch.ones(1, 4)), tmp_path / "r.png")

@@ -105,3 +105,62 @@ def plot_monitor(monitor: Any, path: str | Path) -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return Path(path)
+
+
+_BOUND_COLORS = {"compute": "#C44E52", "memory": "#4C72B0", "launch": "#8C8C8C"}
+
+
+def plot_roofline(profile: Profile, path: str | Path, label: int = 6) -> None:
+    """The predicted step's roofline on its target GPU: each operator (per phase) placed by its arithmetic
+    intensity (FLOPs per byte moved) and the FLOP/s it reaches, sized by its share of the step, colored by
+    what bounds it; under the GPU's roofs (memory bandwidth, peak FLOP/s per dtype). The ``label`` most
+    expensive operators are named."""
+    predicted = profile.predicted
+    if predicted is None:
+        raise ValueError("this profile has no predicted time: profile it with target=<GPU>")
+    points = [op for op in predicted.ops if op.seconds > 0 and op.flops > 0 and op.bytes > 0]
+    if not points:
+        raise ValueError("the predicted step has no operator with both FLOPs and bytes to place on a roofline")
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(9, 6), layout="constrained")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    total = sum(op.seconds for op in predicted.ops) or 1.0
+    for bound, color in _BOUND_COLORS.items():
+        chosen = [op for op in points if op.bound == bound]
+        if chosen:
+            axes.scatter(
+                [op.intensity for op in chosen],
+                [op.flops / op.seconds for op in chosen],
+                s=[20 + 600 * op.seconds / total for op in chosen],
+                color=color,
+                alpha=0.7,
+                label=f"{bound}-bound",
+                edgecolors="white",
+            )
+    low = min(op.intensity for op in points) / 4
+    high = max(op.intensity for op in points) * 4
+    if predicted.bandwidth and predicted.peak_flops:
+        roofs = sorted({v for k, v in predicted.peak_flops.items() if k in ("bfloat16", "tf32", "float32")}, reverse=True)
+        top = max(predicted.peak_flops.values())
+        high = max(high, 4 * top / predicted.bandwidth)
+        xs = [low * (high / low) ** (i / 200) for i in range(201)]
+        for roof in roofs:
+            dtypes = "/".join(k for k, v in predicted.peak_flops.items() if v == roof and k in ("bfloat16", "float16", "tf32", "float32"))
+            axes.plot(xs, [min(predicted.bandwidth * x, roof) for x in xs], color="black", linewidth=1, alpha=0.6)
+            axes.annotate(f"{dtypes} {format_count(roof, 'FLOP/s')}", (high, roof), ha="right", va="bottom", fontsize=8)
+        axes.annotate(f"{format_count(predicted.bandwidth, 'B/s')}", (low, predicted.bandwidth * low), ha="left", va="bottom", fontsize=8)
+    for op in sorted(points, key=lambda op: -op.seconds)[:label]:
+        axes.annotate(f"{op.op.removeprefix('aten.')} ({op.phase})", (op.intensity, op.flops / op.seconds), fontsize=7, alpha=0.9)
+    axes.set_xlim(low, high)
+    axes.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    axes.set_ylabel("FLOP/s reached (predicted)")
+    axes.yaxis.set_major_formatter(lambda value, _: format_count(value))
+    axes.set_title(
+        f"{profile.name or profile.model} on {predicted.target}: predicted step {predicted.seconds * 1e3:.3g} ms\n"
+        "each operator by phase, sized by its share of the GPU's time",
+        fontsize=11,
+    )
+    axes.legend(loc="lower right")
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -59,6 +59,8 @@ class PredictedMeter(Meter):
             calibrated=clock.calibration.calibrated,
             calibration=clock.calibration.source,
             ops=ops,
+            peak_flops=dict(self.gpu.peak_flops),
+            bandwidth=self.gpu.bandwidth,
         )
 
 
