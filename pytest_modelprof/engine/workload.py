@@ -73,8 +73,7 @@ class Workload:
     named_params: dict[str, torch.Tensor] = field(repr=False)
     named_buffers: dict[str, torch.Tensor] = field(repr=False)
     named_modules: list[tuple[str, nn.Module]] = field(repr=False)
-    # a sharded step (profile(world_size=...)): the model is the run's own sharded copy, stepped in place;
-    # source_params are the caller's parameters by name, which the caller's optimizer holds
+    # a sharded step (profile(world_size=...)): the model is the run's own sharded copy, stepped in place
     sharded: Sharded | None = field(default=None, repr=False)
 
     @classmethod
