@@ -466,3 +466,23 @@ def test_two_dimensional_fsdp_and_tensor_parallelism(device):
     assert {c.group_size for c in gathers} == {dp} and sum(c.bytes for c in gathers) == 2 * 2 * block // tp  # the TP shards, twice
     reduces = [c for c in result.collectives if c.kind == "all_reduce" and c.phase == "forward"]
     assert {c.group_size for c in reduces} == {tp} and sum(c.bytes for c in reduces) == 2 * BATCH * hidden * FLOAT
+
+
+def test_hybrid_sharding_reduce_scatters_within_a_replica_and_all_reduces_across(device):
+    # HSDP: fully_shard on a 2-D mesh (replicate x shard): shards over the shard dimension, replicas all-reduce
+    replicas, shards = 2, 4
+    model = stack()
+    P = sum(p.numel() for p in model.parameters()) * FLOAT
+    result = profile(
+        model,
+        torch.randn(BATCH, WIDTH),
+        train=True,
+        world_size=replicas * shards,
+        parallelize=fsdp,
+        mesh={"replicate": replicas, "shard": shards},
+        device=device,
+    )
+    assert result.memory.category_max["parameters"] == P // shards
+    by_kind = {kind: total(result.collectives, kind)[:2] for kind in ("all_gather", "reduce_scatter", "all_reduce")}
+    assert by_kind == {"all_gather": (2 * LAYERS, 2 * P), "reduce_scatter": (LAYERS, P), "all_reduce": (LAYERS, P // shards)}
+    assert {c.kind: c.group_size for c in result.collectives} == {"all_gather": shards, "reduce_scatter": shards, "all_reduce": replicas}
