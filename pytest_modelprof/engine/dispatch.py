@@ -45,12 +45,13 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
     runs, ``"loss"`` while the loss is computed, ``"optimizer"`` during the optimizer step.
     """
 
-    def __init__(self, tracker: ModuleTracker, meters: Sequence[Meter], transparent: tuple[type, ...] = ()) -> None:
+    def __init__(self, tracker: ModuleTracker, meters: Sequence[Meter], transparent: tuple[type, ...] = (), fake_mode: Any = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.tracker = tracker
         # tensor subclasses whose ops reach the meters as the ops they run on their inner tensors
-        # (a sharded step's DTensors: one rank's work is its shards' ops)
+        # (a sharded step's DTensors: one rank's work is its shards' ops), and the run's fake mode
         self._transparent = transparent
+        self._fake_mode = fake_mode
         self.meters = list(meters)
         self.region: str = "forward"
         self._op_handlers = tuple(m.op for m in self.meters if overrides(m, "op"))
@@ -124,7 +125,7 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if decomposed is not NotImplemented:
                 return decomposed
         out = func(*args, **kwargs)
-        if self._transparent and _shape_propagation(out):
+        if self._transparent and _shape_propagation(out, self._fake_mode):
             return out  # DTensor working out an output's shape on meta tensors: no work of the rank
         phase, key, node = self.where()
         op = Op(func, name, args, kwargs, out, phase, key, node)
@@ -175,10 +176,12 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.end_capture()
 
 
-def _shape_propagation(out: Any) -> bool:
-    """Whether an op made only plain meta tensors (not an analytic run's fake ones)."""
+def _shape_propagation(out: Any, fake_mode: Any) -> bool:
+    """Whether an op of a sharded step made only tensors that are not the run's: meta tensors, or fake
+    tensors of another fake mode than the run's (``fake_mode``, None for a real run). DTensor works out
+    its outputs' shapes on such tensors (see :func:`.distributed.shape_propagation_apart`)."""
     tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    return bool(tensors) and all(t.device.type == "meta" and not isinstance(t, FakeTensor) for t in tensors)
+    return bool(tensors) and all(t.device.type == "meta" or (isinstance(t, FakeTensor) and t.fake_mode is not fake_mode) for t in tensors)
 
 
 def _identity(tensor: Any) -> Any:

@@ -258,3 +258,25 @@ def fsdp_served_modules() -> Iterator[None]:
     finally:
         for name, method in originals.items():
             setattr(FSDPParamGroup, name, method)
+
+
+@contextlib.contextmanager
+def shape_propagation_apart() -> Iterator[None]:
+    """DTensor works out an op's output shape by running it on fake tensors of the global shape, in the
+    active fake mode if there is one: in an analytic run that is the run's own, and those ops would pass
+    for the rank's work. Give it a fake mode of its own, as in a real run (where there is none to find):
+    the dispatcher tells its tensors from the run's and leaves them out."""
+    try:
+        from torch.distributed.tensor import _sharding_prop
+    except ImportError:
+        yield
+        return
+    original = getattr(_sharding_prop, "detect_fake_mode", None)
+    if original is None:
+        yield
+        return
+    setattr(_sharding_prop, "detect_fake_mode", lambda *args, **kwargs: None)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(_sharding_prop, "detect_fake_mode", original)  # noqa: B010

@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..results import PredictedReport, Profile
 from .assemble import assemble, roll_up_containers
 from .dispatch import Dispatcher
-from .distributed import Parallel, Parallelize, fake_world, sharded_copy, transparent_types
+from .distributed import Parallel, Parallelize, fake_world, shape_propagation_apart, sharded_copy, transparent_types
 from .errors import ProfileError
 from .layers import layer_times
 from .memo import LeafMemo
@@ -193,7 +193,7 @@ def _sharded(
         )
     analytic = kind == "meta" or on_meta
     source_params = dict(model.named_parameters())
-    with fake_world(parallel) as world_mesh:
+    with fake_world(parallel) as world_mesh, shape_propagation_apart():
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if analytic else None
         copy = sharded_copy(model, parallel, world_mesh, analytic)
         if fake_mode is not None:
@@ -233,7 +233,7 @@ def _add_communication(predicted: PredictedReport, result: Profile, gpu: GPUSpec
 def _metered(workload: Workload, meters: list[Meter]) -> Profile:
     """One step of ``workload`` under ``meters``; the profile they make of it."""
     tracker = ModuleTracker(workload.named_modules)
-    dispatcher = Dispatcher(tracker, meters, transparent_types() if workload.parallel is not None else ())
+    dispatcher = Dispatcher(tracker, meters, transparent_types() if workload.parallel is not None else (), workload.fake_mode)
     with workload.prepared() as run:
         if workload.train:
             tracker.watch_parameters(run.tensors.params)
