@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from .budgets import Verdict
+from .report.summary import SummaryRow, format_markdown
 
 MAX_ANNOTATIONS = 10  # GitHub shows at most 10 error annotations per step
 
@@ -55,3 +56,8 @@ def append_step_summary(markdown: str) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(markdown)
+
+
+def append_budget_table(rows: list[SummaryRow]) -> None:
+    """The session's summary table, as Markdown, to the job's step summary."""
+    append_step_summary("## Model budgets\n\n" + format_markdown(rows))

@@ -28,11 +28,10 @@ from .budgets import NEW, REGRESSED, BudgetError, check, load_budgets
 from .compare import compare as compare_profiles
 from .compare import parse_fail_on
 from .engine import ProfileError, Timing, profile
-from .engine.targets.gpus import ALIASES, GPUS
+from .engine.targets.gpus import GPUS, gpu_spec
 from .engine.workload import DEVICE_KINDS, device_kind
 from .report.compare import comparison_markdown, format_comparison
 from .report.export import write_modules_csv, write_ops_csv
-from .report.summary import format_markdown
 from .report.tables import format_memory_report, format_op_table, format_op_times, format_predicted, format_top, format_tree_table
 from .report.text import format_header
 from .session import ArtifactError, Artifacts, merge_sessions, read_artifacts
@@ -239,7 +238,7 @@ def merge(options: argparse.Namespace, out: TextIO) -> int:
         for line in ci.error_annotations(verdicts, root):
             print(line, file=out)
         if verdicts:
-            ci.append_step_summary("## Model budgets\n\n" + format_markdown(state.rows()))
+            ci.append_budget_table(state.rows())
     if options.output:
         print(f"wrote {options.output}", file=out)
     failed = state.errors or any(v.status == REGRESSED for v in verdicts) or (options.strict and any(v.status == NEW for v in verdicts))
@@ -297,8 +296,10 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
     shapes = parse_shapes(options.input)
     device = _check_device(options.device)
     if options.target is not None:
-        if options.target.strip().lower().replace("_", "-") not in GPUS and options.target.lower() not in ALIASES:
-            raise CliError(f"unknown --target {options.target!r}: expected one of {', '.join(GPUS)}")
+        try:
+            gpu_spec(options.target)
+        except ValueError:
+            raise CliError(f"unknown --target {options.target!r}: expected one of {', '.join(GPUS)}") from None
         if options.latency:
             raise CliError("--latency measures this machine; a --target GPU's time is predicted (shown without --latency)")
         device = "meta"

@@ -20,7 +20,6 @@ from .budgets import BudgetError, load_budgets
 from .engine import LatencyWarning, Profile, Timing, profile
 from .engine.workload import DEVICE_KINDS, device_kind
 from .metrics import TIMED
-from .report.summary import format_markdown
 from .report.tables import format_collectives, format_tree_table
 from .report.text import format_header
 from .session import ModelprofSession, ProfileNameError
@@ -372,7 +371,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state.errors:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if ci.in_github_actions() and (state.records or state.stale):
-        ci.append_step_summary("## Model budgets\n\n" + format_markdown(state.rows()))
+        ci.append_budget_table(state.rows())
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

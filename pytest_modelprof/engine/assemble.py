@@ -23,8 +23,8 @@ def assemble(workload: Workload, tracker: ModuleTracker, meters: Sequence[Meter]
         device=str(workload.target),
         analytic=workload.analytic,
         flops_counted=False,  # until the FLOP meter says it was there
-        target=workload.gpu.name if workload.gpu is not None else None,
-        target_memory_bytes=workload.gpu.memory_bytes if workload.gpu is not None else None,
+        target=workload.target_gpu.name if workload.target_gpu is not None else None,
+        target_memory_bytes=workload.target_gpu.memory_bytes if workload.target_gpu is not None else None,
         **model_figures(workload.named_params.values(), workload.named_buffers.values()),
     )
     modules = _module_rows(workload.named_modules, tracker)

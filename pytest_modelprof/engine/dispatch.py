@@ -126,7 +126,7 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 return decomposed
         out = func(*args, **kwargs)
         if self._transparent and _shape_propagation(out, self._fake_mode):
-            return out  # DTensor working out an output's shape on meta tensors: no work of the rank
+            return out  # DTensor working out an output's shape: no work of the rank
         phase, key, node = self.where()
         op = Op(func, name, args, kwargs, out, phase, key, node)
         for handle in self._op_handlers:

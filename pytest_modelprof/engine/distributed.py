@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -184,16 +185,35 @@ def transparent_types() -> tuple[type, ...]:
 
 
 @contextlib.contextmanager
+def _patched(owner: Any, replacements: dict[str, Any]) -> Iterator[None]:
+    """``owner``'s attributes replaced for the block, and restored after it (also after an error)."""
+    originals = {name: getattr(owner, name) for name in replacements}
+    try:
+        for name, value in replacements.items():
+            setattr(owner, name, value)
+        yield
+    finally:
+        for name, value in originals.items():
+            setattr(owner, name, value)
+
+
+def _fsdp_loaded() -> bool:
+    """Whether FSDP2 is in use in this process (imported): its hooks are patched only then."""
+    return "torch.distributed.fsdp" in sys.modules
+
+
+@contextlib.contextmanager
 def storage_resizes(allocated: Callable[[torch.Tensor], None], freed: Callable[[torch.Tensor], None]) -> Iterator[None]:
     """Tell of the storages FSDP2 allocates and frees by resizing them (the unsharded parameters
     and all-gather buffers, between an all-gather and the reshard): no ATen op shows those."""
+    if not _fsdp_loaded():
+        yield
+        return
     try:
         from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
     except ImportError:
         yield
         return
-    modules = [m for m in (_fsdp_param, _fsdp_param_group) if hasattr(m, "alloc_storage")]
-    originals = [(m, m.alloc_storage, getattr(m, "free_storage", None)) for m in modules]
     alloc, free = _fsdp_param.alloc_storage, getattr(_fsdp_param, "free_storage", None)
 
     def alloc_storage(tensor: torch.Tensor) -> None:
@@ -208,17 +228,11 @@ def storage_resizes(allocated: Callable[[torch.Tensor], None], freed: Callable[[
         if free is not None:
             free(tensor)
 
-    try:
-        for module in modules:
-            setattr(module, "alloc_storage", alloc_storage)  # noqa: B010 (FSDP2's module globals)
-            if hasattr(module, "free_storage"):
-                setattr(module, "free_storage", free_storage)  # noqa: B010
+    with contextlib.ExitStack() as stack:
+        for module in (_fsdp_param, _fsdp_param_group):  # FSDP2's module globals: each imports its own names
+            replacements = {"alloc_storage": alloc_storage, "free_storage": free_storage}
+            stack.enter_context(_patched(module, {k: v for k, v in replacements.items() if hasattr(module, k)}))
         yield
-    finally:
-        for module, original_alloc, original_free in originals:
-            setattr(module, "alloc_storage", original_alloc)  # noqa: B010
-            if original_free is not None:
-                setattr(module, "free_storage", original_free)  # noqa: B010
 
 
 _serving: list[str] = []  # the modules whose FSDP2 collectives are under way, innermost last
@@ -234,12 +248,14 @@ def served_module() -> str | None:
 def fsdp_served_modules() -> Iterator[None]:
     """Track :func:`served_module` while FSDP2 unshards a module's parameters or reduces its
     gradients: a prefetch runs in another module's hook, but serves the module it gathers for."""
+    if not _fsdp_loaded():
+        yield
+        return
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     except ImportError:
         yield
         return
-    originals = {name: getattr(FSDPParamGroup, name) for name in ("unshard", "post_backward") if hasattr(FSDPParamGroup, name)}
 
     def serving(method: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -251,13 +267,9 @@ def fsdp_served_modules() -> Iterator[None]:
 
         return wrapper
 
-    try:
-        for name, method in originals.items():
-            setattr(FSDPParamGroup, name, serving(method))
+    methods = ("unshard", "post_backward")
+    with _patched(FSDPParamGroup, {name: serving(getattr(FSDPParamGroup, name)) for name in methods if hasattr(FSDPParamGroup, name)}):
         yield
-    finally:
-        for name, method in originals.items():
-            setattr(FSDPParamGroup, name, method)
 
 
 @contextlib.contextmanager
@@ -271,12 +283,8 @@ def shape_propagation_apart() -> Iterator[None]:
     except ImportError:
         yield
         return
-    original = getattr(_sharding_prop, "detect_fake_mode", None)
-    if original is None:
+    if not hasattr(_sharding_prop, "detect_fake_mode"):
         yield
         return
-    setattr(_sharding_prop, "detect_fake_mode", lambda *args, **kwargs: None)  # noqa: B010
-    try:
+    with _patched(_sharding_prop, {"detect_fake_mode": lambda *args, **kwargs: None}):
         yield
-    finally:
-        setattr(_sharding_prop, "detect_fake_mode", original)  # noqa: B010

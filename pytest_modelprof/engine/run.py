@@ -210,10 +210,8 @@ def _sharded(
         result = _metered(workload, attached)
     result.world_size, result.rank = parallel.world_size, parallel.rank
     result.model = type(model).__name__  # not the sharded copy's class (FSDPSequential, DistributedDataParallel)
-    if gpu is not None:
-        result.target, result.target_memory_bytes = gpu.name, gpu.memory_bytes
-        if result.predicted is not None:
-            _add_communication(result.predicted, result, gpu)
+    if gpu is not None and result.predicted is not None:
+        _add_communication(result.predicted, result, gpu)
     return result
 
 

@@ -134,6 +134,11 @@ class Workload:
         )
 
     @property
+    def target_gpu(self) -> GPUSpec | None:
+        """The GPU the step is profiled for: ``gpu``, or a sharded step's (whose ranks run on a CPU mesh)."""
+        return self.gpu if self.sharded is None else self.sharded.gpu
+
+    @property
     def parallel(self) -> Parallel | None:
         """How the step is sharded (None: it is not)."""
         return self.sharded.parallel if self.sharded is not None else None

@@ -11,7 +11,6 @@ group every collective returns at once.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
@@ -125,9 +124,8 @@ class CollectiveMeter(Meter):
         self._serving: Any = None
 
     def start(self, run: RunTensors, target: torch.device) -> None:
-        if "torch.distributed.fsdp" in sys.modules:  # which module an FSDP2 collective serves
-            self._serving = fsdp_served_modules()
-            self._serving.__enter__()
+        self._serving = fsdp_served_modules()  # which module an FSDP2 collective serves
+        self._serving.__enter__()
 
     def stop(self) -> None:
         if self._serving is not None:

@@ -27,7 +27,6 @@ reserved segments and the cuBLAS workspace are estimated apart (:mod:`..targets.
 
 from __future__ import annotations
 
-import sys
 import weakref
 from typing import Any
 
@@ -110,9 +109,8 @@ class MemoryMeter(Meter):
         self.track_all(run.buffers, BUFFERS)
         self.track_all((run.args, run.kwargs), INPUTS)
         self.track_all([t.grad for t in run.params.values() if t.grad is not None], GRADIENTS)
-        if "torch.distributed.fsdp" in sys.modules:  # FSDP2 resizes storages where no op shows it
-            self._resizes = storage_resizes(self._resized_up, self._resized_down)
-            self._resizes.__enter__()
+        self._resizes = storage_resizes(self._resized_up, self._resized_down)  # FSDP2's, which no op shows
+        self._resizes.__enter__()
         state_from = len(self.events or ())
         if run.optimizer is not None:
             self.track_all(list(run.optimizer.state.values()), OPTIMIZER_STATE)
