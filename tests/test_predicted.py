@@ -8,12 +8,15 @@ import torch
 from torch import nn
 
 from pytest_modelprof import GPUS, GPUSpec, profile
-from pytest_modelprof.engine.targets.cost import kind_of
+from pytest_modelprof.engine.meters import Op
+from pytest_modelprof.engine.meters.flops import FormulaTable
+from pytest_modelprof.engine.meters.predicted import op_features
+from pytest_modelprof.engine.targets.cost import Gemm, Work, gemms_of, kernel_seconds, kind_of, norm_work
 from pytest_modelprof.engine.targets.gpus import Calibration
 
 FLAT = Calibration(
-    efficiency={"matmul": 0.5, "conv": 0.5, "conv_grouped": 0.5, "attention": 0.5, "rnn": 0.5, "norm": 0.5, "memory": 0.8},
-    half_flops={},
+    efficiency={"matmul": 0.5, "conv": 0.5, "conv_narrow": 0.5, "attention": 0.5, "rnn": 0.5, "norm": 0.5, "memory": 0.8},
+    gemm_half={},
     kernel_seconds=2e-6,
     host_seconds=10e-6,
     view_seconds=1e-6,
@@ -56,8 +59,72 @@ def test_kinds_of_kernels():
     assert kind_of("aten.cudnn_batch_norm") == "norm" and kind_of("aten.cudnn_batch_norm_backward") == "norm_backward"
     assert kind_of("aten.add") == "memory"
     assert kind_of("aten._scaled_dot_product_cudnn_attention_backward") == "attention"
-    args = (None,) * 8 + (32,)
-    assert kind_of("aten.convolution", args) == "conv_grouped" and kind_of("aten.convolution", (None,) * 8 + (1,)) == "conv"
+    x, depthwise, dense, rgb = (torch.empty(s, device="meta") for s in ((8, 32, 16, 16), (32, 1, 3, 3), (32, 32, 3, 3), (32, 3, 3, 3)))
+    conv = (None, None, None, [1, 1], [1, 1], [1, 1], False, [0, 0])
+    assert kind_of("aten.convolution", (x, depthwise, *conv[2:], 32)) == "conv_narrow"
+    assert kind_of("aten.convolution", (x, dense, *conv[2:], 1)) == "conv"
+    assert kind_of("aten.convolution", (x[:, :3], rgb, *conv[2:], 1)) == "conv_narrow"  # a first layer on RGB pixels
+    backward = (x, x, depthwise, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 32, [True, True, False])
+    assert kind_of("aten.convolution_backward", backward) == "conv_narrow_backward"
+    assert kind_of("aten.mv") == "memory"
+
+
+def test_the_matrix_products_behind_a_convolution_by_hand():
+    """An implicit product: rows are output pixels, columns output channels, the reduction input
+    channels times the kernel; its backward pass one product per gradient asked for."""
+    x, w = torch.empty(8, 64, 56, 56, device="meta"), torch.empty(128, 64, 3, 3, device="meta")
+    y = torch.nn.functional.conv2d(x, w, stride=2, padding=1)  # 8 x 128 x 28 x 28
+    args = (x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1)
+    assert gemms_of("aten.convolution", args, y) == (Gemm(8 * 28 * 28, 128, 64 * 9),)
+    both = (y, x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+    assert gemms_of("aten.convolution_backward", both, None) == (
+        Gemm(8 * 56 * 56, 64, 128 * 9, 0.5),  # the input's gradient
+        Gemm(128, 64 * 9, 8 * 28 * 28, 0.5),  # the weight's, reduced over the batch's pixels
+    )
+    weight_only = (*both[:10], [False, True, False])
+    assert gemms_of("aten.convolution_backward", weight_only, None) == (Gemm(128, 64 * 9, 8 * 28 * 28, 1.0),)
+    q = torch.empty(2, 12, 197, 64, device="meta")
+    assert gemms_of("aten._scaled_dot_product_flash_attention", (q, q, q), None) == (Gemm(2 * 12 * 197, 197, 64),)
+    a, b = torch.empty(4, 100, 30, device="meta"), torch.empty(4, 30, 20, device="meta")
+    assert gemms_of("aten.bmm", (a, b), None) == (Gemm(400, 20, 30),)
+
+
+def test_a_small_matrix_product_reaches_less_of_the_peak_by_hand():
+    calibration = Calibration(efficiency={"matmul": 0.8, "memory": 1.0}, gemm_half={"m": 100, "n": 200, "k": 50}, kernel_seconds=0.0)
+    m, n, k = 400, 600, 150
+    work = Work("aten.mm", "matmul", 2 * m * n * k, 0, torch.bfloat16, 1, (Gemm(m, n, k),))
+    seconds, bound = kernel_seconds(GPU, calibration, work)
+    assert bound == "compute"
+    assert seconds == pytest.approx(2 * m * n * k / (1e15 * 0.8 * (400 / 500) * (600 / 800) * (150 / 200)))
+
+
+def test_batch_norm_with_few_channels_is_bound_by_its_reductions_by_hand():
+    """Training batch norm reduces each channel over the batch: with 16 channels, 16 reductions side
+    by side move 16 x 20 GB/s, not the GPU's bandwidth; it reads its input twice (3 passes for 2)."""
+    x = torch.empty(64, 16, 112, 112, device="meta")
+    assert norm_work("aten.cudnn_batch_norm", (x, None, None, None, None, True, 0.1, 1e-5)) == (1.5, 16)
+    assert norm_work("aten.cudnn_batch_norm", (x, None, None, None, None, False, 0.1, 1e-5)) == (1.0, 0)
+    assert norm_work("aten.native_layer_norm", (torch.empty(8, 512, 768, device="meta"), [768])) == (1.5, 8 * 512)
+    planes = torch.empty(32, 2048, 7, 7, device="meta")  # inference: one plane of 49 pixels per 256 threads
+    assert norm_work("aten._native_batch_norm_legit_no_training", (planes,)) == (256 / 49, 0)
+    calibration = Calibration(efficiency={"norm": 0.8, "memory": 0.8}, reduction_bandwidth={"norm": 20e9}, kernel_seconds=0.0)
+    nbytes = 2 * x.numel() * 4
+    work = Work("aten.cudnn_batch_norm", "norm", 0, nbytes, torch.float32, 1, (), 1.5, 16)
+    assert kernel_seconds(GPU, calibration, work) == (pytest.approx(nbytes * 1.5 / (16 * 20e9)), "memory")
+    many = work._replace(reductions=1024)  # enough channels: the bandwidth bounds it
+    assert kernel_seconds(GPU, calibration, many)[0] == pytest.approx(nbytes * 1.5 / (2e12 * 0.8))
+
+
+def test_an_op_on_host_tensors_runs_no_kernel_in_an_analytic_run():
+    step = torch.zeros(())  # Adam's step count lives on the host
+    op = Op(torch.ops.aten.add_.Tensor, "aten.add_", (step, torch.ones(())), {}, step, "optimizer", (), None)
+    assert op_features(op, FormulaTable(), "meta").on_device is False
+    assert op_features(op, FormulaTable(), "cpu").on_device is True  # a sharded step stands the GPU's tensors on the CPU
+    model = nn.Linear(64, 64, device="meta")
+    adam = profile(model, torch.empty(8, 64, device="meta"), train=True, target=GPU, optimizer=torch.optim.Adam(model.parameters()))
+    # one foreach add over the state (the square root's eps), none over the step counts
+    adds = [row for row in adam.predicted.ops if row.phase == "optimizer" and row.op == "aten._foreach_add_"]
+    assert [row.calls for row in adds] == [1] and adds[0].bytes == 2 * (64 * 64 + 64) * 4  # read and written
 
 
 SCRIPT = """

@@ -8,7 +8,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
-from ..targets.cost import Bound, Kind, StepClock, foreach_kernels, kind_of, norm_passes, rnn_kernels
+from ..fake import RunTensors
+from ..targets.cost import Bound, StepClock, Work, foreach_kernels, gemms_of, kind_of, norm_work, rnn_kernels
 from ..targets.gpus import GPUSpec
 from . import Meter, Op
 from .flops import FormulaTable, cost_of
@@ -24,11 +25,15 @@ class PredictedMeter(Meter):
         # (op, phase) -> [calls, seconds, flops, bytes, {bound: seconds}]
         self.rows: dict[tuple[str, Phase], list[Any]] = {}
         self.module_seconds: dict[str, float] = {}  # module path -> predicted kernel seconds, its children's included
+        self.device_type = "meta"
+
+    def start(self, run: RunTensors, target: torch.device) -> None:
+        self.device_type = target.type
 
     def op(self, op: Op) -> None:
-        name, kind, flops, nbytes, dtype, kernels = op_features(op, self.formulas)
-        seconds, bound = self.clock.issue(name, kind, flops, nbytes, dtype, kernels)
-        if kind == "none":
+        work = op_features(op, self.formulas, self.device_type)
+        seconds, bound = self.clock.issue(work)
+        if work.kind in ("none", "host") or not work.on_device:
             return
         for path in op.key:
             self.module_seconds[path] = self.module_seconds.get(path, 0.0) + seconds
@@ -37,8 +42,8 @@ class PredictedMeter(Meter):
             row = self.rows[(op.name, op.phase)] = [0, 0.0, 0, 0, {}]
         row[0] += 1
         row[1] += seconds
-        row[2] += flops
-        row[3] += nbytes
+        row[2] += work.flops
+        row[3] += work.bytes
         bounds: dict[Bound, float] = row[4]
         bounds[bound] = bounds.get(bound, 0.0) + seconds
 
@@ -64,14 +69,18 @@ class PredictedMeter(Meter):
         )
 
 
-def op_features(op: Op, formulas: FormulaTable) -> tuple[str, Kind, int, int, torch.dtype, int]:
-    """What the cost model needs of an op: its name, kind of kernel, FLOPs (done), bytes read and
-    written, dtype and number of kernels."""
+def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Work:
+    """What the cost model needs of an op: its kind of kernel, FLOPs (done), bytes read and written,
+    dtype, number of kernels, matrix products, and for a normalisation how it goes over its data.
+    ``device_type``: where the run keeps the target GPU's tensors; an op with all its tensors on the
+    host elsewhere (Adam's step counts in an analytic run) runs no kernel. A sharded step, which
+    stands the GPU's tensors on the CPU, cannot tell them apart."""
     kind = kind_of(op.name, op.args)
     if kind == "none":
-        return op.name, kind, 0, 0, torch.float32, 0
+        return Work(op.name, kind, 0, 0, torch.float32, 0)
     tensors = [t for t in tree_flatten((op.args, op.kwargs))[0] if isinstance(t, torch.Tensor)]
     outputs = [t for t in tree_flatten(op.out)[0] if isinstance(t, torch.Tensor)]
+    on_device = device_type == "cpu" or any(t.device.type != "cpu" for t in (*tensors, *outputs))
     nbytes = sum(_bytes(t) for t in tensors) + sum(_bytes(t) for t in outputs)
     if op.name.endswith("_") and not outputs:  # an in-place op over lists (foreach): its first list is written
         first = op.args[0] if op.args else ()
@@ -84,9 +93,9 @@ def op_features(op: Op, formulas: FormulaTable) -> tuple[str, Kind, int, int, to
     kernels = foreach_kernels(len(lists[0])) if op.name.startswith("aten._foreach_") and lists else 1
     if kind == "rnn":
         kernels = rnn_kernels(op.name, op.args)
-    if kind in ("norm", "norm_backward"):
-        nbytes = int(nbytes * norm_passes(op.name, op.args))
-    return op.name, kind, flops, nbytes, dtype, kernels
+    passes, reductions = norm_work(op.name, op.args) if kind in ("norm", "norm_backward") else (1.0, 0)
+    gemms = gemms_of(op.name, op.args, op.out) if kind in ("matmul", "conv", "attention", "rnn") else ()
+    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device)
 
 
 def _bytes(t: torch.Tensor) -> int:

@@ -9,6 +9,14 @@ on TF32 tensor cores where PyTorch allows it (``torch.backends.cudnn.allow_tf32`
 default, for convolutions and cuDNN; ``torch.backends.cuda.matmul.allow_tf32``, off by
 default, for matrix products); everything else runs on CUDA cores.
 
+Three shapes of work change how close a kernel comes to its peak. A matrix product on
+tensor cores (:func:`gemms_of`: a convolution's implicit product, attention per head, a
+recurrent layer's steps) reaches less of it the fewer its rows, columns and reduction
+(:func:`shape_efficiency`). A normalisation goes over its data more than once and, where it
+runs only a few independent reductions (batch norm's channels), is bound by them rather than
+by the bandwidth (:func:`norm_work`). A convolution with few input channels per group
+(depthwise, or a first layer on RGB pixels) runs off the tensor cores (``conv_narrow``).
+
 The step is simulated on two clocks, as eager PyTorch runs it: the host issues ops one
 after another (a fixed overhead per op), the GPU runs each kernel once issued and once
 the previous one is done, and a read of a value on the host (``.item()``) waits for the
@@ -23,16 +31,29 @@ first step's one-off costs (cuDNN plans, allocations from the driver).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Mapping
+from typing import Literal, NamedTuple
 
 import torch
 
 from .gpus import Calibration, GPUSpec
 
-Kind = Literal["matmul", "conv", "conv_grouped", "attention", "rnn", "norm", "norm_backward", "memory", "none"]
+Kind = Literal[
+    "matmul", "conv", "conv_narrow", "conv_narrow_backward", "attention", "rnn", "norm", "norm_backward", "memory", "host", "none"
+]
 Bound = Literal["compute", "memory", "launch"]
-KINDS: tuple[Kind, ...] = ("matmul", "conv", "conv_grouped", "attention", "rnn", "norm", "norm_backward", "memory")
-COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_grouped", "attention", "rnn"})  # on tensor cores
+KINDS: tuple[Kind, ...] = (
+    "matmul",
+    "conv",
+    "conv_narrow",
+    "conv_narrow_backward",
+    "attention",
+    "rnn",
+    "norm",
+    "norm_backward",
+    "memory",
+)  # the kinds of kernels, each with its efficiency ("host": an op on host tensors; "none": no kernel)
+COMPUTE_KINDS = frozenset({"matmul", "conv", "attention", "rnn"})  # on tensor cores
 
 _MATMUL = "mm addmm bmm baddbmm addbmm _scaled_mm _grouped_mm addmv mv dot vdot addr _addmm_activation".split()
 _CONV = "convolution convolution_backward cudnn_convolution cudnn_convolution_transpose _convolution".split()
@@ -65,8 +86,8 @@ KIND_OF: dict[str, Kind] = {
     **{f"aten.{n}": "attention" for n in _ATTENTION},
     **{f"aten.{n}": "rnn" for n in _RNN},
     **{f"aten.{n}": "norm_backward" if n.endswith("_backward") else "norm" for n in _NORM},
-    "aten._conv_depthwise2d": "conv_grouped",
-    "aten.conv_depthwise3d": "conv_grouped",
+    "aten._conv_depthwise2d": "conv_narrow",
+    "aten.conv_depthwise3d": "conv_narrow",
     **{f"aten.{n}": "none" for n in _NO_KERNEL},
 }
 SYNCHRONIZING = frozenset({"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select", "aten.unique"})
@@ -74,13 +95,23 @@ SYNCHRONIZING = frozenset({"aten._local_scalar_dense", "aten.item", "aten.nonzer
 
 def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
     """The kind of kernel an op (``"aten.mm"``) runs with these arguments; ``"memory"`` for every
-    other op with a kernel. A convolution whose groups split the channels is ``"conv_grouped"``
-    (depthwise kernels, far from the tensor cores' peak)."""
+    other op with a kernel. A convolution with fewer than :data:`NARROW_CHANNELS` input channels
+    per group (depthwise convolutions, a network's first on RGB pixels) is ``"conv_narrow"``
+    (``"conv_narrow_backward"``): off the tensor cores, and far below the memory's bandwidth; a
+    product with a vector (``mv``, ``dot``) is bound by memory."""
     kind = KIND_OF.get(name, "memory")
-    if kind == "conv" and args:
-        groups = args[9] if name == "aten.convolution_backward" and len(args) > 9 else args[8] if len(args) > 8 else 1
-        if isinstance(groups, int) and groups > 1:
-            return "conv_grouped"
+    if kind == "conv" and len(args) > 1:
+        weight = args[2 if name == "aten.convolution_backward" else 1]
+        groups = conv_groups(name, args)
+        transposed = name != "aten.cudnn_convolution" and _arg(args, 7 if name == "aten.convolution_backward" else 6) is True
+        if isinstance(weight, torch.Tensor) and weight.dim() > 2:
+            per_group = weight.shape[0] // groups if transposed else weight.shape[1]
+            if per_group < NARROW_CHANNELS:
+                kind = "conv_narrow"
+    elif kind == "matmul" and name.removeprefix("aten.").rstrip("_") in ("mv", "addmv", "dot", "vdot"):
+        kind = "memory"
+    if kind == "conv_narrow" and name.endswith("_backward"):
+        return "conv_narrow_backward"
     return kind
 
 
@@ -93,38 +124,163 @@ def math_peak(gpu: GPUSpec, kind: Kind, dtype: torch.dtype) -> float:
         return gpu.peak_flops.get("float32", max(gpu.peak_flops.values()))
     if dtype == torch.float64:
         return gpu.peak_flops.get("float64", gpu.peak_flops.get("float32", 1.0))
-    tf32 = (kind == "matmul" and torch.backends.cuda.matmul.allow_tf32) or (
-        kind in ("conv", "conv_grouped", "rnn") and torch.backends.cudnn.allow_tf32
-    )
+    tf32 = (kind == "matmul" and torch.backends.cuda.matmul.allow_tf32) or (kind in ("conv", "rnn") and torch.backends.cudnn.allow_tf32)
     if tf32 and "tf32" in gpu.peak_flops:
         return gpu.peak_flops["tf32"]
     return gpu.peak_flops.get("float32", max(gpu.peak_flops.values()))
 
 
-def kernel_seconds(
-    gpu: GPUSpec, calibration: Calibration, kind: Kind, flops: int, nbytes: int, dtype: torch.dtype, kernels: int = 1
-) -> tuple[float, Bound]:
-    """The predicted time of one op's kernels, and what bounds it.
+class Work(NamedTuple):
+    """What the cost model needs of one op (:func:`..meters.predicted.op_features` reads it off the op)."""
 
-    A kind of kernel that runs on tensor cores reaches a fraction of their peak that grows
-    with its work: ``efficiency * w / (w + half)`` for ``w`` FLOPs per kernel (``half``: the
-    work at which it reaches half its efficiency); other kinds are bound by memory, at their
-    kind's fraction of the bandwidth."""
+    name: str  # "aten.mm"
+    kind: Kind
+    flops: int
+    bytes: int  # read and written once each
+    dtype: torch.dtype
+    kernels: int = 1
+    gemms: tuple[Gemm, ...] = ()  # the matrix products it runs on tensor cores (see :func:`gemms_of`)
+    passes: float = 1.0  # times a normalisation goes over its data, relative to ``bytes`` once
+    reductions: int = 0  # independent reductions a normalisation runs side by side; 0: not what limits it
+    on_device: bool = True  # False: all its tensors are on the host (Adam's step counts): no kernel
+
+
+class Gemm(NamedTuple):
+    """One matrix product of an op, (m x k) @ (k x n) (independent products of a batch or of groups
+    side by side count in m), and its share of the op's FLOPs."""
+
+    m: int
+    n: int
+    k: int
+    share: float = 1.0
+
+
+def shape_efficiency(gemm: Gemm, half: Mapping[str, float]) -> float:
+    """The fraction of a kind's full efficiency that a matrix product of this shape reaches: in each
+    dimension ``d / (d + half[dim])``, a product with few rows, columns or a short reduction filling
+    fewer of the tensor cores' tiles and pipelining less (``half``: a calibration's ``gemm_half``)."""
+    factor = 1.0
+    for size, dim in ((gemm.m, "m"), (gemm.n, "n"), (gemm.k, "k")):
+        h = half.get(dim, 0.0)
+        factor *= size / (size + h) if size > 0 else 1.0
+    return factor
+
+
+def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> tuple[float, Bound]:
+    """The predicted time of one op's kernels, and what bounds it (see the module's notes)."""
     efficiency = calibration.efficiency
+    kind = work.kind
+    bandwidth = gpu.bandwidth * efficiency["memory"]
     if kind in COMPUTE_KINDS:
-        work = flops / max(kernels, 1)
-        half = calibration.half_flops.get(kind, 0.0)
-        achieved = efficiency.get(kind, 1.0) * (work / (work + half) if work else 1.0)
-        compute = flops / (math_peak(gpu, kind, dtype) * achieved) if flops else 0.0
-        memory = nbytes / (gpu.bandwidth * efficiency["memory"])
+        peak = math_peak(gpu, kind, work.dtype) * efficiency.get(kind, 1.0)
+        if work.gemms:
+            compute = sum(work.flops * g.share / (peak * shape_efficiency(g, calibration.gemm_half)) for g in work.gemms)
+        else:
+            compute = work.flops / peak
+        memory = work.bytes / bandwidth
     else:
-        compute = flops / math_peak(gpu, kind, dtype) if flops else 0.0
-        memory = nbytes / (gpu.bandwidth * efficiency.get(kind, efficiency["memory"]))
-    floor = calibration.kernel_seconds * kernels
+        compute = work.flops / (math_peak(gpu, kind, work.dtype) * efficiency.get("cuda_cores", 1.0)) if work.flops else 0.0
+        rate = gpu.bandwidth * efficiency.get(kind, efficiency["memory"])
+        per_reduction = calibration.reduction_bandwidth.get(kind, 0.0)
+        if work.reductions and per_reduction:
+            rate = min(rate, work.reductions * per_reduction)
+        memory = work.bytes * work.passes / rate
+    floor = calibration.kernel_seconds * work.kernels
     seconds = max(compute, memory, floor)
     if seconds == floor and floor > max(compute, memory):
         return seconds, "launch"
     return seconds, "compute" if compute >= memory else "memory"
+
+
+def _tensor(value: object) -> torch.Tensor | None:
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _arg(args: tuple[object, ...], index: int, default: object = None) -> object:
+    return args[index] if len(args) > index else default
+
+
+# where convolution ops keep their groups
+_CONV_GROUPS = {"aten.convolution": 8, "aten._convolution": 8, "aten.cudnn_convolution": 5, "aten.convolution_backward": 9}
+NARROW_CHANNELS = 8  # a convolution with fewer input channels per group runs off the tensor cores
+
+
+def conv_groups(name: str, args: tuple[object, ...]) -> int:
+    groups = _arg(args, _CONV_GROUPS.get(name, 8), 1)
+    return groups if isinstance(groups, int) and groups > 0 else 1
+
+
+def gemms_of(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ...]:
+    """The matrix products behind an op on tensor cores, by shape (empty where its shape is not known
+    to this function: the kind's efficiency alone applies). A convolution is an implicit product
+    (rows: output pixels, columns: output channels, reduction: input channels x kernel), its
+    backward one for the input's gradient and one for the weight's; attention a product per
+    head (queries x keys x head size); a recurrent layer its input projection over all steps and
+    one recurrent product per step (rows: the batch)."""
+    base = name.removeprefix("aten.").rstrip("_")
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if base in ("mm", "addmm", "_addmm_activation", "bmm", "baddbmm") and len(tensors) >= 2:
+        a, b = tensors[-2], tensors[-1]
+        if a.dim() < 2 or b.dim() < 2:
+            return ()
+        batch = a.shape[0] if a.dim() == 3 else 1
+        return (Gemm(batch * a.shape[-2], b.shape[-1], a.shape[-1]),)
+    if base in ("convolution", "_convolution", "cudnn_convolution", "convolution_backward"):
+        return _conv_gemms(name, args, out)
+    if "attention" in base and len(tensors) >= 3:
+        q, k = (tensors[1], tensors[2]) if base.endswith("backward") else (tensors[0], tensors[1])
+        if q.dim() != 4 or k.dim() != 4 or not base.startswith("_scaled_dot_product"):
+            return ()
+        batch_heads = q.shape[0] * q.shape[1]
+        return (Gemm(batch_heads * q.shape[2], k.shape[2], q.shape[3]),)
+    if base in ("_cudnn_rnn", "_cudnn_rnn_backward"):
+        return _rnn_gemms(name, args)
+    return ()
+
+
+def _conv_gemms(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ...]:
+    backward = name == "aten.convolution_backward"
+    if backward:
+        y, x, weight = (_tensor(_arg(args, i)) for i in (0, 1, 2))
+    else:
+        x, weight = _tensor(_arg(args, 0)), _tensor(_arg(args, 1))
+        y = _tensor(out)
+    if x is None or weight is None or y is None or x.dim() < 3 or y.dim() < 3:
+        return ()
+    groups = conv_groups(name, args)
+    transposed = name != "aten.cudnn_convolution" and _arg(args, 7 if backward else 6) is True
+    kernel = math.prod(weight.shape[2:])
+    in_per_group = weight.shape[0] // groups if transposed else weight.shape[1]
+    out_per_group = weight.shape[1] if transposed else weight.shape[0] // groups
+    pixels_out = y.shape[0] * math.prod(y.shape[2:])
+    pixels_in = x.shape[0] * math.prod(x.shape[2:])
+    if not backward:
+        return (Gemm(pixels_out * groups, out_per_group, in_per_group * kernel),)
+    mask = _arg(args, 10)
+    mask = mask if isinstance(mask, (list, tuple)) and len(mask) > 1 else (True, True)
+    parts = []
+    if mask[0]:  # the input's gradient: a product over the output's gradient
+        parts.append(Gemm(pixels_in * groups, in_per_group, out_per_group * kernel))
+    if mask[1]:  # the weight's: reduced over every pixel of the batch
+        parts.append(Gemm(out_per_group * groups, in_per_group * kernel, pixels_out))
+    return tuple(Gemm(g.m, g.n, g.k, 1 / len(parts)) for g in parts)
+
+
+def _rnn_gemms(name: str, args: tuple[object, ...]) -> tuple[Gemm, ...]:
+    x, weights, stride = _tensor(_arg(args, 0)), _arg(args, 1), _arg(args, 2)
+    if x is None or x.dim() != 3 or not isinstance(weights, (list, tuple)) or not isinstance(stride, int) or stride < 2:
+        return ()
+    batch_first = _arg(args, 14 if name.endswith("_backward") else 10) is True
+    batch, steps = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
+    gemms = []
+    for start in range(0, len(weights) - 1, stride):
+        w_ih, w_hh = weights[start], weights[start + 1]
+        if not isinstance(w_ih, torch.Tensor) or not isinstance(w_hh, torch.Tensor):
+            return ()
+        gemms.append(Gemm(batch * steps, w_ih.shape[0], w_ih.shape[1], float(w_ih.numel())))  # every step at once
+        gemms.append(Gemm(batch, w_hh.shape[0], w_hh.shape[1], float(w_hh.numel())))  # one step after another
+    total = sum(g.share for g in gemms)
+    return tuple(Gemm(g.m, g.n, g.k, g.share / total) for g in gemms)
 
 
 def rnn_kernels(name: str, args: tuple[object, ...]) -> int:
@@ -140,22 +296,40 @@ def rnn_kernels(name: str, args: tuple[object, ...]) -> int:
     return steps * (layers if isinstance(layers, int) else 1) * (2 if bidirectional else 1)
 
 
-_NORMALISE_ONLY = frozenset(
+_BATCH_NORM_EVAL = frozenset(
     {"aten._native_batch_norm_legit_no_training", "aten._batch_norm_no_update"}
 )  # inference batch norm: running statistics, one pass
+PLANE_THREADS = 256  # inference batch norm's threads per plane (one sample's channel)
 
 
-def norm_passes(name: str, args: tuple[object, ...]) -> float:
-    """How many times a normalisation kernel goes over its data, relative to reading its inputs and
-    writing its outputs once: a forward pass that computes statistics reads the input twice
-    (statistics, then normalise: 3 passes for 2), a backward pass reads its inputs twice more
-    (two reductions, then the gradient: 5 passes for 3); inference batch norm normalises only."""
-    if name.endswith("_backward"):
-        return 5 / 3
-    if name in _NORMALISE_ONLY:
-        return 1.0
-    training = args[5] if "batch_norm" in name and len(args) > 5 else True
-    return 1.5 if training is not False else 1.0
+def norm_work(name: str, args: tuple[object, ...]) -> tuple[float, int]:
+    """How a normalisation goes over its data: the passes relative to reading its inputs and
+    writing its outputs once, and how many independent reductions it runs side by side (0: none
+    that limits it).
+
+    A forward pass that computes statistics reads its input twice (statistics, then normalise:
+    3 passes for 2), a backward pass reduces twice more (5 passes for 3). Batch norm in training
+    reduces each channel over the whole batch: as many reductions as channels; layer, group and
+    RMS norm reduce rows or groups. Inference batch norm normalises only, elementwise, one plane
+    (a sample's channel) per block of :data:`PLANE_THREADS` threads: a plane with fewer pixels
+    leaves threads idle."""
+    x = _tensor(_arg(args, 1 if name.endswith("_backward") else 0))
+    if x is None or x.dim() < 2:
+        return 1.0, 0
+    backward = name.endswith("_backward")
+    passes = 5 / 3 if backward else 1.5
+    if "batch_norm" in name:
+        training = _arg(args, 7 if backward else 5, True) if name != "aten.cudnn_batch_norm_backward" else True
+        if name in _BATCH_NORM_EVAL or training is False:
+            pixels = math.prod(x.shape[2:])
+            return max(1.0, PLANE_THREADS / pixels) if pixels else 1.0, 0
+        return passes, int(x.shape[1])
+    if "group_norm" in name:
+        groups = _arg(args, 8 if backward else 6, 1)
+        return passes, int(x.shape[0]) * (groups if isinstance(groups, int) and groups > 0 else 1)
+    normalized = _arg(args, 2 if backward else 1, ())  # layer norm, RMS norm: rows of the trailing dimensions
+    inner = math.prod(normalized) if isinstance(normalized, (list, tuple)) else x.shape[-1]
+    return passes, max(1, x.numel() // max(1, inner))
 
 
 def foreach_kernels(tensors: int) -> int:
@@ -173,20 +347,21 @@ class StepClock:
         self.device = 0.0  # when the GPU is done with the kernels issued so far
         self.busy = 0.0  # the GPU's time running kernels
 
-    def issue(self, name: str, kind: Kind, flops: int, nbytes: int, dtype: torch.dtype, kernels: int = 1) -> tuple[float, Bound]:
+    def issue(self, work: Work) -> tuple[float, Bound]:
         """One op: its kernels' predicted seconds and their bound (0 and "launch" for an op without one)."""
         calibration = self.calibration
-        seconds: float
-        bound: Bound
-        if kind == "none":
+        seconds: float = 0.0
+        bound: Bound = "launch"
+        if work.kind == "none":
             self.host += calibration.view_seconds
-            seconds, bound = 0.0, "launch"
+        elif work.kind == "host" or not work.on_device:
+            self.host += calibration.host_seconds
         else:
-            seconds, bound = kernel_seconds(self.gpu, calibration, kind, flops, nbytes, dtype, kernels)
+            seconds, bound = kernel_seconds(self.gpu, calibration, work)
             self.host += calibration.host_seconds
             self.device = max(self.host, self.device) + seconds
             self.busy += seconds
-        if name in SYNCHRONIZING:  # the host waits for the value
+        if work.name in SYNCHRONIZING and work.on_device:  # the host waits for a value on the GPU
             self.host = max(self.host, self.device)
         return seconds, bound
 

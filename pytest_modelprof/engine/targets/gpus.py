@@ -29,28 +29,34 @@ G = 1e9
 
 @dataclass(frozen=True)
 class Calibration:
-    """The predicted-time model's efficiencies for one GPU (see :mod:`.cost`): achieved over
-    peak per kind of kernel (``matmul``, ``conv``, ``conv_grouped``, ``attention``, ``rnn``,
-    ``norm``, ``norm_backward``, ``memory``: see :func:`.cost.kind_of`), and
-    its fixed costs, in seconds."""
+    """The predicted-time model's figures for one GPU (see :mod:`.cost`).
+
+    ``efficiency``: per kind of kernel (``matmul``, ``conv``, ``conv_narrow``,
+    ``conv_narrow_backward``, ``attention``, ``rnn``, ``norm``, ``norm_backward``, ``memory``: see
+    :func:`.cost.kind_of`), the fraction of the peak it reaches at full size: of the math's peak
+    for the kinds on tensor cores, of the memory bandwidth for the others; ``cuda_cores``: of the
+    CUDA cores' peak, for the math of kernels off the tensor cores. ``gemm_half``: per
+    dimension of a matrix product (``m``, ``n``, ``k``), the size at which a product reaches half
+    that efficiency in it. ``reduction_bandwidth``: per normalisation kind, the bytes/s one of
+    its independent reductions moves, where too few of them run side by side to fill the GPU
+    (batch norm's channels). Then the fixed costs, in seconds."""
 
     efficiency: Mapping[str, float] = field(
         default_factory=lambda: {
-            "matmul": 0.7,
-            "conv": 0.5,
-            "conv_grouped": 0.1,
+            "matmul": 0.8,
+            "conv": 0.6,
+            "conv_narrow": 0.3,
+            "conv_narrow_backward": 0.1,
             "attention": 0.5,
-            "rnn": 0.4,
-            "norm": 0.5,
-            "norm_backward": 0.5,
-            "memory": 0.7,
+            "rnn": 0.6,
+            "norm": 0.7,
+            "norm_backward": 0.7,
+            "memory": 0.8,
         },
         hash=False,
     )
-    # per kind on tensor cores: the FLOPs per kernel at which it reaches half its efficiency
-    half_flops: Mapping[str, float] = field(
-        default_factory=lambda: dict.fromkeys(("matmul", "conv", "conv_grouped", "attention", "rnn"), 1e8), hash=False
-    )
+    gemm_half: Mapping[str, float] = field(default_factory=lambda: {"m": 128.0, "n": 128.0, "k": 128.0}, hash=False)
+    reduction_bandwidth: Mapping[str, float] = field(default_factory=dict, hash=False)
     kernel_seconds: float = 3e-6  # the shortest a kernel takes, launch latency included
     host_seconds: float = 6e-6  # the host's time to issue one op with a kernel
     view_seconds: float = 1.5e-6  # ... and one without (a view, an allocation)
@@ -58,8 +64,8 @@ class Calibration:
     source: str = "uncalibrated defaults"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "efficiency", MappingProxyType(dict(self.efficiency)))
-        object.__setattr__(self, "half_flops", MappingProxyType(dict(self.half_flops)))
+        for name in ("efficiency", "gemm_half", "reduction_bandwidth"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
 
 UNCALIBRATED = Calibration()
@@ -110,19 +116,22 @@ def _spec(
 # far it carries to other models
 H100_CALIBRATION = Calibration(
     efficiency={
-        "matmul": 0.8,
-        "conv": 0.2,
-        "conv_grouped": 0.95,
-        "attention": 0.2,
-        "rnn": 1.0,
-        "norm": 0.45,
-        "norm_backward": 0.25,
-        "memory": 0.9,
+        "matmul": 0.906,
+        "conv": 0.428,
+        "conv_narrow": 0.244,
+        "conv_narrow_backward": 0.084,
+        "attention": 0.874,
+        "rnn": 0.5,
+        "norm": 0.741,
+        "norm_backward": 0.647,
+        "memory": 0.769,
+        "cuda_cores": 0.39,
     },
-    half_flops={"matmul": 1e9, "conv": 1e9, "conv_grouped": 1e11, "attention": 1e9, "rnn": 1e10},
-    kernel_seconds=8e-6,
+    gemm_half={"m": 256.0, "n": 24.8, "k": 272.0},
+    reduction_bandwidth={"norm": 20.95e9, "norm_backward": 13.37e9},
+    kernel_seconds=8.72e-6,
     host_seconds=25e-6,
-    view_seconds=6.25e-6,
+    view_seconds=5.68e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (../shared/gpu-truth, torch 2.11)",
 )
