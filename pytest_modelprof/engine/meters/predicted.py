@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
-from ..fake import RunTensors
 from ..targets.cost import Bound, StepClock, Work, foreach_kernels, gemms_of, kind_of, norm_work, rnn_kernels
 from ..targets.gpus import GPUSpec
 from . import Meter, Op
 from .flops import FormulaTable, cost_of
+
+if TYPE_CHECKING:
+    from ..fake import RunTensors
 
 
 class PredictedMeter(Meter):
