@@ -116,7 +116,14 @@ PARAMETERS = (
     ("reduction_bandwidth", "norm_backward"),
     ("kernel_seconds", None),
 )
-BOUNDS = {"efficiency": (0.01, 1.0), "gemm_half": (1.0, 1e5), "reduction_bandwidth": (1e9, 1e12), "kernel_seconds": (1e-6, 2e-5)}
+BOUNDS = {
+    "efficiency": (0.01, 1.0),
+    "gemm_half": (1.0, 1e5),
+    "reduction_bandwidth": (1e9, 1e12),
+    "kernel_seconds": (1e-6, 2e-5),
+    "host_seconds": (1e-6, 1e-4),
+    "view_seconds": (1e-7, 5e-5),
+}
 
 
 START = {"reduction_bandwidth": 20e9}  # where a parameter the calibration lacks starts
@@ -174,9 +181,6 @@ def fit(data: list[Workload], start: Calibration) -> Calibration:
 
     calibration = descend(calibration, [("host_seconds", None), ("view_seconds", None)], step_loss, rounds=5)
     return dataclasses.replace(calibration, calibrated=True, source=f"fitted on {len(data)} H100 steps (../shared/gpu-truth, torch 2.11)")
-
-
-BOUNDS.update({"host_seconds": (1e-6, 1e-4), "view_seconds": (1e-7, 5e-5)})
 
 
 # ------------------------------------------------------------------ report
