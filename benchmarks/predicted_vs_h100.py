@@ -89,7 +89,7 @@ def workloads() -> list[Workload]:
             measured[key(op["op"].replace("::", "."), json.loads(op["shapes"]))] += op["self_device_us"] * 1e-6
         works: dict[Key, list[Work]] = defaultdict(list)
         for work, k in features.ops:
-            if work.kind not in ("none", "host") and work.on_device:
+            if work.kind != "none" and work.on_device:
                 works[k].append(work)
         matched = {k: (works[k], measured[k]) for k in works if k in measured}
         out.append(Workload(name, features.ops, record["step_ms_median"] / 1e3, dict(measured), matched))

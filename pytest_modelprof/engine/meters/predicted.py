@@ -35,7 +35,7 @@ class PredictedMeter(Meter):
     def op(self, op: Op) -> None:
         work = op_features(op, self.formulas, self.device_type)
         seconds, bound = self.clock.issue(work)
-        if work.kind in ("none", "host") or not work.on_device:
+        if work.kind == "none" or not work.on_device:
             return
         for path in op.key:
             self.module_seconds[path] = self.module_seconds.get(path, 0.0) + seconds

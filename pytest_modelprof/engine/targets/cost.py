@@ -38,9 +38,7 @@ import torch
 
 from .gpus import Calibration, GPUSpec
 
-Kind = Literal[
-    "matmul", "conv", "conv_narrow", "conv_narrow_backward", "attention", "rnn", "norm", "norm_backward", "memory", "host", "none"
-]
+Kind = Literal["matmul", "conv", "conv_narrow", "conv_narrow_backward", "attention", "rnn", "norm", "norm_backward", "memory", "none"]
 Bound = Literal["compute", "memory", "launch"]
 KINDS: tuple[Kind, ...] = (
     "matmul",
@@ -52,7 +50,7 @@ KINDS: tuple[Kind, ...] = (
     "norm",
     "norm_backward",
     "memory",
-)  # the kinds of kernels, each with its efficiency ("host": an op on host tensors; "none": no kernel)
+)  # the kinds of kernels, each with its efficiency ("none": no kernel)
 COMPUTE_KINDS = frozenset({"matmul", "conv", "attention", "rnn"})  # on tensor cores
 
 _MATMUL = "mm addmm bmm baddbmm addbmm _scaled_mm _grouped_mm addmv mv dot vdot addr _addmm_activation".split()
@@ -100,14 +98,10 @@ def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
     (``"conv_narrow_backward"``): off the tensor cores, and far below the memory's bandwidth; a
     product with a vector (``mv``, ``dot``) is bound by memory."""
     kind = KIND_OF.get(name, "memory")
-    if kind == "conv" and len(args) > 1:
-        weight = args[2 if name == "aten.convolution_backward" else 1]
-        groups = conv_groups(name, args)
-        transposed = name != "aten.cudnn_convolution" and _arg(args, 7 if name == "aten.convolution_backward" else 6) is True
-        if isinstance(weight, torch.Tensor) and weight.dim() > 2:
-            per_group = weight.shape[0] // groups if transposed else weight.shape[1]
-            if per_group < NARROW_CHANNELS:
-                kind = "conv_narrow"
+    if kind == "conv":
+        weight = _tensor(_arg(args, 2 if name == "aten.convolution_backward" else 1))
+        if weight is not None and weight.dim() > 2 and conv_channels(name, args, weight)[0] < NARROW_CHANNELS:
+            kind = "conv_narrow"
     elif kind == "matmul" and name.removeprefix("aten.").rstrip("_") in ("mv", "addmv", "dot", "vdot"):
         kind = "memory"
     if kind == "conv_narrow" and name.endswith("_backward"):
@@ -205,9 +199,15 @@ _CONV_GROUPS = {"aten.convolution": 8, "aten._convolution": 8, "aten.cudnn_convo
 NARROW_CHANNELS = 8  # a convolution with fewer input channels per group runs off the tensor cores
 
 
-def conv_groups(name: str, args: tuple[object, ...]) -> int:
+def conv_channels(name: str, args: tuple[object, ...], weight: torch.Tensor) -> tuple[int, int, int]:
+    """A convolution's input and output channels per group, and its groups (a transposed
+    convolution's weight holds input channels first)."""
     groups = _arg(args, _CONV_GROUPS.get(name, 8), 1)
-    return groups if isinstance(groups, int) and groups > 0 else 1
+    groups = groups if isinstance(groups, int) and groups > 0 else 1
+    transposed = name != "aten.cudnn_convolution" and _arg(args, 7 if name == "aten.convolution_backward" else 6) is True
+    if transposed:
+        return weight.shape[0] // groups, weight.shape[1], groups
+    return weight.shape[1], weight.shape[0] // groups, groups
 
 
 def gemms_of(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ...]:
@@ -247,11 +247,8 @@ def _conv_gemms(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm,
         y = _tensor(out)
     if x is None or weight is None or y is None or x.dim() < 3 or y.dim() < 3:
         return ()
-    groups = conv_groups(name, args)
-    transposed = name != "aten.cudnn_convolution" and _arg(args, 7 if backward else 6) is True
+    in_per_group, out_per_group, groups = conv_channels(name, args, weight)
     kernel = math.prod(weight.shape[2:])
-    in_per_group = weight.shape[0] // groups if transposed else weight.shape[1]
-    out_per_group = weight.shape[1] if transposed else weight.shape[0] // groups
     pixels_out = y.shape[0] * math.prod(y.shape[2:])
     pixels_in = x.shape[0] * math.prod(x.shape[2:])
     if not backward:
@@ -354,7 +351,7 @@ class StepClock:
         bound: Bound = "launch"
         if work.kind == "none":
             self.host += calibration.view_seconds
-        elif work.kind == "host" or not work.on_device:
+        elif not work.on_device:
             self.host += calibration.host_seconds
         else:
             seconds, bound = kernel_seconds(self.gpu, calibration, work)
