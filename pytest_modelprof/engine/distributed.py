@@ -20,6 +20,7 @@ import copy
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -197,23 +198,27 @@ def _patched(owner: Any, replacements: dict[str, Any]) -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def _fsdp_loaded() -> bool:
-    """Whether FSDP2 is in use in this process (imported): its hooks are patched only then."""
-    return "torch.distributed.fsdp" in sys.modules
+def _fsdp_internals() -> tuple[ModuleType, ModuleType] | None:
+    """FSDP2's internal modules ``_fsdp_param`` and ``_fsdp_param_group``, when FSDP2 is in use in this
+    process (imported: its internals are patched only then) and this torch has them; else None."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return None
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:
+        return None
+    return _fsdp_param, _fsdp_param_group
 
 
 @contextlib.contextmanager
 def storage_resizes(allocated: Callable[[torch.Tensor], None], freed: Callable[[torch.Tensor], None]) -> Iterator[None]:
     """Tell of the storages FSDP2 allocates and frees by resizing them (the unsharded parameters
     and all-gather buffers, between an all-gather and the reshard): no ATen op shows those."""
-    if not _fsdp_loaded():
+    internals = _fsdp_internals()
+    if internals is None:
         yield
         return
-    try:
-        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-    except ImportError:
-        yield
-        return
+    _fsdp_param, _fsdp_param_group = internals
     alloc, free = _fsdp_param.alloc_storage, getattr(_fsdp_param, "free_storage", None)
 
     def alloc_storage(tensor: torch.Tensor) -> None:
@@ -248,14 +253,11 @@ def served_module() -> str | None:
 def fsdp_served_modules() -> Iterator[None]:
     """Track :func:`served_module` while FSDP2 unshards a module's parameters or reduces its
     gradients: a prefetch runs in another module's hook, but serves the module it gathers for."""
-    if not _fsdp_loaded():
+    internals = _fsdp_internals()
+    if internals is None:
         yield
         return
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-    except ImportError:
-        yield
-        return
+    FSDPParamGroup = internals[1].FSDPParamGroup
 
     def serving(method: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
