@@ -119,6 +119,103 @@ def test_gelu_transformer_encoder_layer_fast_path_matches_the_slow_path():
     assert profile(layer, x).forward_flops == profile(layer, x, train=True).forward_flops
 
 
+# on a CUDA target (analytic, from this CPU-only machine), the fused inference ops run as CUDA's kernels run them
+
+
+def ops_of(result):
+    """The kernels of the step: the ops that launch one on the target."""
+    kernels: dict[str, int] = {}
+    for row in result.predicted.ops:
+        kernels[row.op] = kernels.get(row.op, 0) + row.calls
+    return kernels
+
+
+def test_multihead_attention_fast_path_on_a_cuda_target_runs_cudas_kernels():
+    model, x = SelfAttention().eval(), torch.randn(B, L, E)
+    result = profile(model, x, target="h100")
+    # one packed projection, the attention kernel (float32 on an H100: memory-efficient), the output projection
+    assert ops_of(result) == {"aten.addmm": 2, "aten._scaled_dot_product_efficient_attention": 1}
+    assert result.forward_macs == 3 * B * L * E * E + B * H * L * L * 2 * D + B * L * E * E
+    assert result.forward_flops == profile(model, x).forward_flops  # the CPU's one fused op, counted whole
+    assert torch.overrides.has_torch_function is STOCK_HAS_TORCH_FUNCTION  # the run's answer is gone with it
+
+
+STOCK_HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
+
+
+class WeightedAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(E, H, batch_first=True)
+
+    def forward(self, x):
+        out, weights = self.mha(x, x, x)  # need_weights=True: the averaged attention weights too
+        return out + weights.sum()
+
+
+def test_multihead_attention_asked_for_its_weights_on_a_cuda_target_takes_the_explicit_path():
+    result = profile(WeightedAttention().eval(), torch.randn(B, L, E), target="h100")
+    ops = ops_of(result)
+    # projection without its bias; bias, scale and head split of q, k, v in one kernel; Q K^T; softmax in place;
+    # P V into q's buffer; heads back together (a copy); output projection; the weights averaged over heads
+    assert ops["aten.mm"] == 1 and ops["aten._transform_bias_rescale_qkv"] == 1 and ops["aten.bmm"] == 2
+    assert ops["aten._softmax"] == 1 and ops["aten.clone"] == 1 and ops["aten.addmm"] == 1
+    assert "aten._scaled_dot_product_efficient_attention" not in ops
+    assert result.forward_macs == 3 * B * L * E * E + B * H * L * L * 2 * D + B * L * E * E
+    scores = B * H * L * L
+    # bias on q, k, v and q's scale; softmax; the head sum and the division of the (B, L, L) weights
+    # (then the model's own add and sum)
+    elementwise = 3 * B * L * E + B * L * E + 5 * scores + scores + B * L * L
+    assert result.forward_flops == 2 * result.forward_macs + B * L * E + elementwise + B * L * E + B * L * L
+
+
+@pytest.mark.parametrize(("activation", "norm_first"), [("relu", False), ("gelu", True)])
+def test_transformer_encoder_layer_fast_path_on_a_cuda_target_runs_cudas_kernels(activation, norm_first):
+    layer = nn.TransformerEncoderLayer(
+        E, H, dim_feedforward=64, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+    )
+    layer.eval()
+    x = torch.randn(B, L, E)
+    result = profile(layer, x, target="h100")
+    # the feed-forward block's activation in its first product's epilogue: no separate relu or gelu kernel
+    assert ops_of(result) == {
+        "aten.addmm": 3,
+        "aten._addmm_activation": 1,
+        "aten._scaled_dot_product_efficient_attention": 1,
+        "aten.native_layer_norm": 2,
+        "aten.add_": 2,
+    }
+    assert result.forward_macs == 4 * B * L * E * E + B * H * L * L * 2 * D + 2 * B * L * E * 64
+    cpu = profile(layer, x)
+    if activation == "relu":  # cuBLASLt's GELU epilogue is the tanh form, 4 FLOPs more than the CPU's erf
+        assert result.forward_flops == cpu.forward_flops
+    else:
+        assert result.forward_flops == cpu.forward_flops + 4 * B * L * 64
+
+
+def test_transformer_encoder_layer_with_a_padding_mask_on_a_cuda_target_masks_its_softmax():
+    layer = nn.TransformerEncoderLayer(E, H, dim_feedforward=64, dropout=0.0, batch_first=True).eval()
+    padding = torch.zeros(B, L, dtype=torch.bool)
+    padding[:, -3:] = True
+
+    class Padded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x, padding):
+            return self.layer(x, src_key_padding_mask=padding)
+
+    ops = ops_of(profile(Padded().eval(), (torch.randn(B, L, E), padding), target="h100"))
+    assert ops["aten._masked_softmax"] == 1 and ops["aten.bmm"] == 2 and "aten._addmm_activation" in ops
+
+
+def test_training_keeps_the_modules_own_path_on_a_cuda_target():
+    model = SelfAttention()
+    ops = ops_of(profile(model, torch.randn(B, L, E), train=True, target="h100"))
+    assert "aten._transform_bias_rescale_qkv" not in ops and "aten._scaled_dot_product_efficient_attention_backward" in ops
+
+
 class CallsOp(nn.Module):
     def __init__(self, call):
         super().__init__()

@@ -115,6 +115,15 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_val
     return _matmul(m * k * n, m * n)
 
 
+@_register("_addmm_activation")
+def addmm_activation(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+    # addmm with its activation in the matrix product's epilogue (cuBLASLt): GELU (tanh form) or ReLU per output
+    m, k = a.shape
+    n = b.shape[1]
+    activation = GELU_TANH_FLOPS if kwargs.get("use_gelu", False) else ELEMENTWISE["relu"]
+    return _matmul(m * k * n, m * n * (1 + activation))
+
+
 @_register("bmm")
 def bmm(a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     batch, m, k = a.shape
@@ -707,6 +716,17 @@ for _name in ("_softmax", "_log_softmax", "_safe_softmax"):
     _set(_name, _reduction(SOFTMAX_FLOPS))
 for _name in ("_softmax_backward_data", "_log_softmax_backward_data"):
     _set(_name, _reduction(SOFTMAX_BACKWARD_FLOPS))
+
+
+@_register("_masked_softmax")
+def masked_softmax(x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost((SOFTMAX_FLOPS + 1) * x.numel())  # the mask's select, then the softmax
+
+
+@_register("_transform_bias_rescale_qkv")
+def transform_bias_rescale_qkv(qkv: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # the packed projection's bias added to q, k and v, and q scaled by 1/sqrt(head size)
+    return OpCost(qkv.numel() + qkv.numel() // 3)
 
 
 # ---------------------------------------------------------------- normalisation
