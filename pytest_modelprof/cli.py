@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--target",
         metavar="GPU",
-        help=f"profile the step as it runs on this GPU, analytically, with no GPU needed ({', '.join(GPUS)}): its memory, "
-        "whether it fits, and its predicted time",
+        help=f"profile the step as it runs on this GPU, analytically, with no GPU needed ({', '.join(GPUS)}, or a calibration "
+        "file of modelprof calibrate): its memory, whether it fits, and its predicted time",
     )
     parser.add_argument("--depth", type=int, default=2, metavar="N", help="depth of the module tree (default: 2)")
     parser.add_argument("--top", type=int, default=10, metavar="K", help="rows of the operator table, module types per depth (default: 10)")
@@ -183,6 +183,21 @@ def build_artifacts_parser(command: str) -> argparse.ArgumentParser:
 ARTIFACT_COMMANDS = ("merge", "compare")
 
 
+def build_calibrate_parser() -> argparse.ArgumentParser:
+    """``modelprof calibrate``: fit a target's predicted-time model to kernels measured on the GPU at hand."""
+    parser = argparse.ArgumentParser(
+        prog="modelprof calibrate",
+        description="On a machine with the GPU: run a set of probe steps (CNN, ViT, transformer, MLP, LSTM), time them and "
+        "each kernel, fit the predicted-time model to them, and write a calibration file that --target FILE (and "
+        "profile(..., target=FILE)) loads on any machine after, CPU-only CI runners included.",
+    )
+    parser.add_argument("--target", required=True, metavar="GPU", help=f"the GPU of the table this one is ({', '.join(GPUS)})")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE", help="the calibration file to write (JSON)")
+    parser.add_argument("--device", default="cuda", metavar="DEVICE", help="the CUDA device to measure (default: cuda)")
+    parser.add_argument("--traceback", action="store_true", help="on an error, print the full traceback, not one line")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """The ``modelprof`` command; returns its exit status: 0, 1 over budget, 2 a usage error
     (one line on stderr; ``--traceback`` prints the whole chain), 3 an internal fault.
@@ -190,10 +205,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     ``modelprof merge ...`` and ``modelprof compare ...`` work on the JSON artifacts of pytest runs."""
     out = out or sys.stdout
     arguments = list(sys.argv[1:] if argv is None else argv)
-    command = arguments[0] if arguments and arguments[0] in ARTIFACT_COMMANDS else None
-    if command is not None:
+    command = arguments[0] if arguments and arguments[0] in (*ARTIFACT_COMMANDS, "calibrate") else None
+    if command == "calibrate":
+        options = build_calibrate_parser().parse_args(arguments[1:])
+        action: Callable[[argparse.Namespace, TextIO], int] = calibrate
+    elif command is not None:
         options = build_artifacts_parser(command).parse_args(arguments[1:])
-        action: Callable[[argparse.Namespace, TextIO], int] = merge if command == "merge" else compare
+        action = merge if command == "merge" else compare
     else:
         options = build_parser().parse_args(arguments)
         action = run
@@ -210,6 +228,31 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         hint = "" if options.traceback else " (run again with --traceback for the details)"
         print(f"modelprof: internal error: {type(error).__name__}: {_one_line(error)}{hint}", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def calibrate(options: argparse.Namespace, out: TextIO) -> int:
+    """``modelprof calibrate``: measure the probes on this GPU, fit, write the calibration file."""
+    from .engine.targets.calibrate import PROBES, errors
+    from .engine.targets.calibrate import calibrate as fit_to_measurements
+    from .engine.targets.gpus import save_calibration
+
+    try:
+        gpu = gpu_spec(options.target)
+    except (TypeError, ValueError) as error:
+        raise CliError(str(error)) from None
+    _check_output("--output", options.output)
+    device = torch.device(options.device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise CliError(f"calibrate measures kernels on the GPU to calibrate, and no CUDA device is available here ({options.device})")
+    name = torch.cuda.get_device_name(device)
+    print(f"calibrating {gpu.name} on {name}: {len(PROBES)} probe steps", file=out)
+    calibration, observed = fit_to_measurements(gpu, device=device)
+    print(f"{'probe':50s} {'measured ms':>12s} {'predicted ms':>13s} {'error':>7s}", file=out)
+    for probe, miss in zip(observed, errors(gpu, observed, calibration)):
+        print(f"{probe.name:50s} {probe.step_seconds * 1e3:12.3f} {probe.step_seconds * (1 + miss) * 1e3:13.3f} {miss:+7.1%}", file=out)
+    save_calibration(options.output, gpu, calibration, measured=f"{name}, torch {torch.__version__}")
+    print(f"wrote {options.output}: profile(..., target={options.output!r}) predicts with it", file=out)
+    return 0
 
 
 def merge(options: argparse.Namespace, out: TextIO) -> int:
@@ -298,8 +341,10 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
     if options.target is not None:
         try:
             gpu_spec(options.target)
-        except ValueError:
-            raise CliError(f"unknown --target {options.target!r}: expected one of {', '.join(GPUS)}") from None
+        except ValueError as error:
+            if options.target.strip().lower().endswith(".json"):
+                raise CliError(f"--target {error}") from None  # a calibration file: what is wrong in it
+            raise CliError(f"unknown --target {options.target!r}: expected one of {', '.join(GPUS)} or a calibration file") from None
         if options.latency:
             raise CliError("--latency measures this machine; a --target GPU's time is predicted (shown without --latency)")
         device = "meta"

@@ -18,9 +18,17 @@ A GPU that is not in the table is a :class:`GPUSpec` of your own, passed as ``ta
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any
+
+from ..._files import replace_atomically
 
 MiB = 1 << 20
 T = 1e12
@@ -116,22 +124,22 @@ def _spec(
 # far it carries to other models
 H100_CALIBRATION = Calibration(
     efficiency={
-        "matmul": 0.906,
-        "conv": 0.428,
-        "conv_narrow": 0.244,
-        "conv_narrow_backward": 0.084,
-        "attention": 0.874,
-        "rnn": 0.5,
-        "norm": 0.741,
-        "norm_backward": 0.647,
-        "memory": 0.769,
-        "cuda_cores": 0.39,
+        "matmul": 0.8966,
+        "conv": 0.4252,
+        "conv_narrow": 0.2464,
+        "conv_narrow_backward": 0.08353,
+        "attention": 0.8800,
+        "rnn": 0.4886,
+        "norm": 0.7368,
+        "norm_backward": 0.6497,
+        "memory": 0.7510,
+        "cuda_cores": 0.3898,
     },
-    gemm_half={"m": 256.0, "n": 24.8, "k": 272.0},
-    reduction_bandwidth={"norm": 20.95e9, "norm_backward": 13.37e9},
-    kernel_seconds=8.72e-6,
-    host_seconds=25e-6,
-    view_seconds=5.68e-6,
+    gemm_half={"m": 248.7, "n": 25.24, "k": 270.4},
+    reduction_bandwidth={"norm": 21.11e9, "norm_backward": 13.44e9},
+    kernel_seconds=7.298e-6,
+    host_seconds=13.64e-6,
+    view_seconds=12.82e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (../shared/gpu-truth, torch 2.11)",
 )
@@ -181,14 +189,87 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
 ALIASES = MappingProxyType({"h100-sxm": "h100", "a100": "a100-80gb", "4090": "rtx4090"})
 
 
-def gpu_spec(target: str | GPUSpec) -> GPUSpec:
-    """The spec ``target`` names (case and ``_``/``-`` ignored), or ``target`` itself if it is one."""
+def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
+    """The spec ``target`` names (case and ``_``/``-`` ignored), or ``target`` itself if it is one; a
+    path to a calibration file (``*.json``, see :func:`save_calibration`): its GPU, with that calibration."""
     if isinstance(target, GPUSpec):
         return target
+    if isinstance(target, os.PathLike) or (isinstance(target, str) and target.strip().lower().endswith(".json")):
+        return load_calibration(target)
     if not isinstance(target, str):
-        raise TypeError(f"target must be a GPU name or a GPUSpec, got {type(target).__name__}")
+        raise TypeError(f"target must be a GPU name, a calibration file or a GPUSpec, got {type(target).__name__}")
     key = target.strip().lower().replace("_", "-").replace(" ", "-")
     key = ALIASES.get(key, key)
     if key not in GPUS:
         raise ValueError(f"unknown target GPU {target!r}: known are {', '.join(GPUS)} (or pass a GPUSpec)")
     return GPUS[key]
+
+
+# ------------------------------------------------------------------ calibration files
+
+CALIBRATION_FORMAT = 1
+_FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")
+_TABLES = ("efficiency", "gemm_half", "reduction_bandwidth")
+
+
+def save_calibration(path: str | os.PathLike[str], gpu: GPUSpec, calibration: Calibration, measured: str = "") -> None:
+    """Write ``calibration`` of ``gpu`` (one of :data:`GPUS`) as a JSON file that ``target=path`` loads;
+    ``measured``: on what it was measured (the device's name), recorded beside it. The file is
+    replaced whole or not at all."""
+    if GPUS.get(gpu.name) is None:
+        raise ValueError(f"a calibration file names its GPU from the table ({', '.join(GPUS)}), got {gpu.name!r}")
+    document: dict[str, Any] = {"format": CALIBRATION_FORMAT, "gpu": gpu.name, "measured_on": measured, "source": calibration.source}
+    document.update({name: dict(getattr(calibration, name)) for name in _TABLES})
+    document.update({name: getattr(calibration, name) for name in _FIGURES})
+    replace_atomically(Path(path), json.dumps(document, indent=2) + "\n")
+
+
+def load_calibration(path: str | os.PathLike[str]) -> GPUSpec:
+    """The GPU a calibration file (:func:`save_calibration`) names, with its calibration."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read the calibration file: {error.strerror or error}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{error.lineno}: not JSON: {error.msg}") from None
+
+    def fail(entry: str, expected: str) -> ValueError:
+        return ValueError(f"{path}:{_line_of(text, entry)}: {entry!r}: expected {expected}")
+
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}:1: expected a JSON object of calibration figures")
+    if document.get("format") != CALIBRATION_FORMAT:
+        raise fail("format", f"{CALIBRATION_FORMAT} (a calibration file written by modelprof calibrate)")
+    known = {"format", "gpu", "measured_on", "source", *_TABLES, *_FIGURES}
+    for entry in document:
+        if entry not in known:
+            raise fail(entry, f"one of {', '.join(sorted(known))}")
+    name = document.get("gpu")
+    if not isinstance(name, str) or name not in GPUS:
+        raise fail("gpu", f"a GPU of the table ({', '.join(GPUS)})")
+    figures: dict[str, Any] = {}
+    for entry in _TABLES:
+        table = document.get(entry, {})
+        if not isinstance(table, dict) or not all(_positive(v) for v in table.values()):
+            raise fail(entry, "an object of positive numbers")
+        figures[entry] = {str(k): float(v) for k, v in table.items()}
+    for entry in _FIGURES:
+        if entry not in document or not _positive(document[entry]):
+            raise fail(entry, "a positive number of seconds")
+        figures[entry] = float(document[entry])
+    source = f"{path.name}: {document.get('source') or 'calibration file'}"
+    calibration = Calibration(**figures, calibrated=True, source=source)
+    return dataclasses.replace(GPUS[name], calibration=calibration)
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _line_of(text: str, field: str) -> int:
+    """The line of ``"field":`` in a JSON text (1 if it is not there)."""
+    at = text.find(f'"{field}"')
+    return text.count("\n", 0, at) + 1 if at >= 0 else 1
