@@ -269,15 +269,15 @@ class CudaKernels:
         qkv = _qkv_projection(query, key, value, embed_dim, qkv_weight)
         q, k, v = aten._transform_bias_rescale_qkv(qkv, qkv_bias, num_head)
         del qkv
-        rows = batch * num_head
-        scores = torch.bmm(q.reshape(rows, q.shape[2], head), k.reshape(rows, k.shape[2], head).transpose(2, 1))
-        scores = scores.view(batch, num_head, q.shape[2], k.shape[2])
+        rows, q_len, k_len = batch * num_head, q.shape[2], k.shape[2]
+        q_rows = q.reshape(rows, q_len, head)  # a view of q's buffer, which the weighted sum then reuses
+        scores = torch.bmm(q_rows, k.reshape(rows, k_len, head).transpose(2, 1)).view(batch, num_head, q_len, k_len)
         if mask is not None:
             scores = aten._masked_softmax(scores, mask.to(torch.bool), scores.dim() - 1, mask_type)
         else:
             scores = aten._softmax.out(scores, scores.dim() - 1, False, out=scores)
-        context = torch.bmm(scores.view(rows, *scores.shape[2:]), v.reshape(rows, v.shape[2], head), out=q.reshape(rows, q.shape[2], head))
-        context = context.view(batch, num_head, q.shape[2], head).permute(0, 2, 1, 3).contiguous()
+        context = torch.bmm(scores.view(rows, q_len, k_len), v.reshape(rows, k_len, head), out=q_rows)
+        context = context.view(batch, num_head, q_len, head).permute(0, 2, 1, 3).contiguous()
         out = F.linear(context.view(-1, embed_dim), proj_weight, proj_bias).view(batch, -1, embed_dim)
         if not need_weights:
             return out, None
