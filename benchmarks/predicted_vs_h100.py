@@ -1,8 +1,8 @@
 """Predicted step times against real H100 steps (../shared/gpu-truth/h100.json), and the fit behind them.
 
 For each of the shared workloads, on this CPU-only machine: the analytic step on target
-h100 and what the cost model needs of each op (:func:`op_features`). A calibration is
-fitted in two stages: the kernel model (efficiency per kind of kernel, the shape of a
+h100, matched to its record (``engine/targets/calibrate.py``: ``observe``). A calibration is
+fitted (``calibrate.fit``, from the round defaults) in two stages: the kernel model (efficiency per kind of kernel, the shape of a
 matrix product at which it reaches half of it, batch norm's bandwidth per channel, the
 shortest kernel) to the measured kernel time of each operator and input shapes the
 records hold, weighted by that time; then the host's time per op to the step times.
@@ -40,10 +40,6 @@ def workloads() -> list[Observed]:
     return out
 
 
-def predicted(works, calibration: Calibration) -> float:  # type: ignore[no-untyped-def]
-    return kernel_time(H100, works, calibration)
-
-
 # ------------------------------------------------------------------ report
 
 
@@ -51,7 +47,7 @@ def per_operator_errors(workload: Observed, calibration: Calibration) -> list[fl
     """For the step's 20 most expensive recorded operators (by name and shapes), the relative error of
     the predicted kernel time of the engine's ops with that name and shapes."""
     top = sorted(workload.measured, key=lambda k: -workload.measured[k])[:20]
-    return [predicted(workload.matched[k][0], calibration) / workload.measured[k] - 1 for k in top if k in workload.matched]
+    return [kernel_time(H100, workload.matched[k][0], calibration) / workload.measured[k] - 1 for k in top if k in workload.matched]
 
 
 def main() -> None:
@@ -84,7 +80,7 @@ def main() -> None:
         kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for works, seconds in workload.matched.values():
             kinds[works[0].kind][0] += seconds
-            kinds[works[0].kind][1] += predicted(works, shipped)
+            kinds[works[0].kind][1] += kernel_time(H100, works, shipped)
         print(f"  {workload.name:48s} " + "  ".join(f"{k} {m * 1e3:.2f}/{p * 1e3:.2f}" for k, (m, p) in kinds.items()))
     print(f"\nfitted on all:\n{full}")
 
