@@ -83,4 +83,13 @@ class DataDependent(nn.Module):
 
 def test_other_data_dependent_sizes_are_refused_clearly():
     with pytest.raises(ProfileError, match=r"nonzero \(or torch.where\(mask\)\) needs the values of its input"):
-        profile(DataDependent(), torch.randn(8, 8), device="meta")
+        profile(DataDependent(), torch.empty(8, 8, device="meta"), device="meta")
+
+
+def test_sizes_that_depend_on_real_inputs_are_exact():
+    """The values of real inputs are known to an analytic run (see test_values.py): the selection is sized by them."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 64)
+    analytic, real = profile(DataDependent(), x, device="meta"), profile(DataDependent(), x)
+    assert analytic.peak_memory_bytes == real.peak_memory_bytes
+    assert analytic.peak_memory_bytes != profile(DataDependent(), -x, device="meta").peak_memory_bytes

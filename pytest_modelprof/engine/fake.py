@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -74,6 +74,8 @@ class RunTensors:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     optimizer: torch.optim.Optimizer | None
+    # an analytic run's fake inputs and buffers beside the real tensors they stand for (see values.py)
+    sources: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 def run_tensors(workload: Workload) -> RunTensors:
@@ -83,8 +85,17 @@ def run_tensors(workload: Workload) -> RunTensors:
     # an optimizer step writes into the parameters: then the run needs copies of its own
     copy_params = workload.optimizer is not None
 
+    stand_ins: list[tuple[torch.Tensor, torch.Tensor]] = []
+
     def convert(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(target) if fake_mode is None else to_fake(t, fake_mode, target)
+
+    def known(t: torch.Tensor) -> torch.Tensor:
+        """``t`` converted, remembered beside its source: an input's or a buffer's values can be known."""
+        converted = convert(t)
+        if fake_mode is not None:
+            stand_ins.append((converted, t))
+        return converted
 
     def parameter(t: torch.Tensor) -> torch.Tensor:
         run = t.detach().to(target, copy=True) if copy_params and fake_mode is None else convert(t)
@@ -93,7 +104,7 @@ def run_tensors(workload: Workload) -> RunTensors:
     def copy(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
-        copied = t.detach().to(target, copy=True) if fake_mode is None else convert(t)
+        copied = t.detach().to(target, copy=True) if fake_mode is None else known(t)
         if copied.is_floating_point() or copied.is_complex():
             copied.requires_grad_(t.requires_grad)
         return copied
@@ -106,7 +117,7 @@ def run_tensors(workload: Workload) -> RunTensors:
         cuda_defaults = workload.sharded.gpu is not None
     else:
         params = {name: parameter(t) for name, t in workload.named_params.items()}
-        buffers = {name: copy(t) if train else convert(t) for name, t in workload.named_buffers.items()}
+        buffers = {name: copy(t) if train else known(t) for name, t in workload.named_buffers.items()}
         sources = workload.named_params
     run_optimizer = None
     if workload.optimizer is not None:
@@ -114,7 +125,7 @@ def run_tensors(workload: Workload) -> RunTensors:
         with_state = workload.sharded is None  # a shard's state is made by its own first step
         model = type(workload.model).__name__
         run_optimizer = _copy_optimizer(workload.optimizer, by_id, fake_mode, target, model, with_state, cuda_defaults)
-    return RunTensors(params, buffers, args, kwargs, run_optimizer)
+    return RunTensors(params, buffers, args, kwargs, run_optimizer, stand_ins)
 
 
 def _source_name(name: str, sources: Mapping[str, torch.Tensor]) -> str | None:

@@ -32,6 +32,7 @@ from .modules import ModuleTracker
 from .routing import Routing
 from .targets.gpus import GPUSpec, gpu_spec
 from .targets.kernels import CudaKernels
+from .values import KnownValues, unknown_value_hint
 
 DEVICE_KINDS = ("cpu", "cuda", "meta")  # what device= accepts ("meta": analytic)
 
@@ -166,6 +167,7 @@ class Workload:
                 stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
                 if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
                     stack.enter_context(CudaKernels(self.gpu))
+                stack.enter_context(KnownValues(tensors.sources))  # values that follow from constants and inputs
             if tensors.optimizer is not None and self.parallel is None:
                 _create_state(tensors.optimizer)
             if not self.set_to_none:  # gradients zeroed in place are resident from the start, as in later steps
@@ -366,7 +368,7 @@ def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Excepti
     else:
         path, module = where
         place = f"module {path or '<root>'!r} ({type(module).__name__})"
-    return ProfileError(f"{place} raised {type(error).__name__}: {error}")
+    return ProfileError(f"{place} raised {type(error).__name__}: {error}{unknown_value_hint(error)}")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,240 @@
+"""Values that an analytic run knows: tensors made from constants and from the caller's real tensors.
+
+Fake tensors carry no values, so Python that reads one (``bool(mask.all())``, ``.item()``,
+``.tolist()``, ``torch.equal``) and ops whose output size depends on one (``nonzero``,
+``masked_select``, ``unique``, ``repeat_interleave``) cannot run on them. Models read
+values mostly where they follow from constants: ``nn.TransformerEncoder`` compares the
+mask it is given with a causal mask to choose its causal path, a decoder builds its mask
+with ``torch.full(...).triu(1)``, positions come from ``arange``, a padding mask arrives
+with the inputs. :class:`KnownValues` works out, on the CPU beside the run, the value of
+each small tensor (:data:`LIMIT` elements at most) made only from constants and from the
+caller's real input tensors and buffers, and answers those reads with it. Random numbers,
+uninitialised memory, the weights and meta tensors have no known value: a read of a
+tensor made from them still fails (see :func:`unknown_value_hint`).
+
+Aliasing is followed as it is in a real run: a view's value is a view of its base's, so
+writes through either reach both; a write whose operands are not all known makes the
+written tensor, and every tensor sharing its storage, unknown.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .formulas import METADATA
+
+aten = torch.ops.aten
+
+LIMIT = 1 << 22  # elements: a tensor larger than this is not worked out (a causal mask of 2048 tokens is at it)
+
+# ops whose outputs hold no defined values: allocation without initialisation
+_UNINITIALISED = (
+    aten.empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.new_empty,
+    aten.new_empty_strided,
+    aten.empty_permuted,
+    aten.resize_,
+    aten.set_,
+)
+# reads of values: answered from a known value (the output size of the last five depends on the values)
+_SCALAR_READS = frozenset({aten._local_scalar_dense.default, aten.equal.default})
+_SIZED_BY_VALUES = frozenset(
+    {
+        aten.nonzero.default,
+        aten.masked_select.default,
+        aten._unique2.default,
+        aten.unique_dim.default,
+        aten.unique_consecutive.default,
+        aten.repeat_interleave.Tensor,
+        aten.bincount.default,
+    }
+)
+
+
+# ops sized by their boolean masks alone (an index, masked_select), whatever their other operands hold
+_SIZED_BY_MASKS = frozenset({aten.index.Tensor, aten.masked_select.default})
+
+
+class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Works out the values of small tensors made from constants and ``sources`` (pairs of a run's fake
+    tensor and the real tensor it stands for), and answers reads of them (see the module's notes)."""
+
+    def __init__(self, sources: Iterable[tuple[torch.Tensor, torch.Tensor]] = ()) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._values: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+        self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...]]] = {}  # func -> (values computable, what it writes)
+        for fake, real in sources:
+            if (
+                not isinstance(real, FakeTensor)
+                and real.device.type != "meta"
+                and real.numel() <= LIMIT
+                and real.shape == fake.shape
+                and real.dtype == fake.dtype
+            ):
+                # its own copy (values are written in place), made beneath the run's fake mode
+                self._remember(fake, _on_cpu(aten._to_copy.default, (real,), {"device": torch.device("cpu")}))
+
+    # the values ------------------------------------------------------------------
+
+    def value(self, t: torch.Tensor) -> torch.Tensor | None:
+        """``t``'s value on the CPU, or None where the run does not know it."""
+        if not isinstance(t, FakeTensor):
+            return None if t.device.type == "meta" else t
+        entry = self._values.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def _remember(self, fake: torch.Tensor, real: torch.Tensor) -> None:
+        key = id(fake)
+        values = self._values
+
+        def dead(_: object) -> None:  # the fake tensor is gone: so is its value
+            values.pop(key, None)
+
+        values[key] = (weakref.ref(fake, dead), real)
+
+    def _forget(self, fake: torch.Tensor) -> None:
+        """``fake`` was written with values the run does not know: it, and every tensor sharing its storage."""
+        real = self.value(fake)
+        self._values.pop(id(fake), None)
+        if real is None or not isinstance(fake, FakeTensor):
+            return
+        storage = real.untyped_storage().data_ptr()
+        for key, (_, other) in list(self._values.items()):
+            if other.untyped_storage().data_ptr() == storage:
+                del self._values[key]
+
+    # dispatch --------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in METADATA:
+            return func(*args, **kwargs)
+        flat = tree_flatten((args, kwargs))[0]
+        tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+        values = [self.value(t) for t in tensors]
+        known = all(v is not None for v in values) and all(v.numel() <= LIMIT for v in values if v is not None)
+        if known and tensors and func in _SCALAR_READS:
+            return _on_cpu(func, self._real(args), self._real(kwargs))
+        if known and tensors and func in _SIZED_BY_VALUES:
+            return self._sized(func, args, kwargs, tensors[0].device)
+        try:
+            out = func(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as error:
+            # sized by values beneath (an index by a boolean mask runs nonzero in its fake kernel)
+            masks = all(v is not None for t, v in zip(tensors, values) if t.dtype == torch.bool)
+            if tensors and (known or (func in _SIZED_BY_MASKS and masks)):
+                return self._sized(func, args, kwargs, tensors[0].device, remember=known, error=error)
+            raise
+        computable, written = self._ops.get(func) or self._describe(func)
+        targets = [t for position, name in written for t in _tensors(args[position] if position < len(args) else kwargs.get(name))]
+        # never into a real tensor of the caller's: only the run's fake tensors have values written
+        if known and computable and _small(out, targets) and all(isinstance(t, FakeTensor) for t in targets):
+            try:
+                real = _on_cpu(func, self._real(args), self._real(kwargs))  # writes into the written tensors' values
+            except Exception:  # a value the CPU cannot work out is one the run does not know
+                pass
+            else:
+                if self._remember_outputs(out, real):
+                    return out
+        for target in targets:
+            if self.value(target) is not None:
+                self._forget(target)
+        return out
+
+    def _real(self, tree: Any, zeros: bool = False) -> Any:
+        """``tree`` with each tensor replaced by its value (``zeros``: where it has none, by zeros), and
+        devices by the CPU."""
+
+        def swap(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                value = self.value(x)
+                if value is None and zeros:
+                    return _on_cpu(aten.zeros.default, (list(x.shape),), {"dtype": x.dtype})
+                return value
+            if isinstance(x, torch.device):
+                return torch.device("cpu")
+            return x
+
+        real = tree_map(swap, tree)
+        if isinstance(real, dict):
+            if "device" in real:
+                real["device"] = torch.device("cpu")
+            if real.get("pin_memory"):
+                real["pin_memory"] = False
+        return real
+
+    def _remember_outputs(self, out: Any, real: Any) -> bool:
+        fakes, reals = tree_flatten(out)[0], tree_flatten(real)[0]
+        if len(fakes) != len(reals):
+            return False
+        pairs = [(f, r) for f, r in zip(fakes, reals) if isinstance(f, torch.Tensor)]
+        if not all(isinstance(r, torch.Tensor) and r.shape == f.shape and r.dtype == f.dtype for f, r in pairs):
+            return False
+        for fake, value in pairs:
+            self._remember(fake, value)
+        return True
+
+    def _sized(self, func: Any, args: Any, kwargs: Any, device: torch.device, remember: bool = True, error: Exception | None = None) -> Any:
+        """An op whose output size depends on values it has: its real outputs, as fake tensors with those
+        values (``remember=False``: sized by its known boolean masks alone, its other operands taken as
+        zeros, and its values unknown). Where the CPU cannot run it, ``error`` (else its own) is raised."""
+        try:
+            real = _on_cpu(func, self._real(args, zeros=not remember), self._real(kwargs, zeros=not remember))
+        except Exception as failure:
+            raise (error or failure) from None
+
+        def fake(r: Any) -> Any:
+            if not isinstance(r, torch.Tensor):
+                return r
+            made = torch.empty(r.shape, dtype=r.dtype, device=device)
+            if remember:
+                self._remember(made, r)
+            return made
+
+        return tree_map(fake, real)
+
+    def _describe(self, func: Any) -> tuple[bool, tuple[tuple[int, str], ...]]:
+        """Whether ``func``'s outputs have values to work out (not random, not uninitialised), and the
+        arguments (position, name) it writes into."""
+        computable = func.overloadpacket not in _UNINITIALISED and torch.Tag.nondeterministic_seeded not in func.tags
+        written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+        self._ops[func] = (computable, written)
+        return computable, written
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _small(out: Any, written: list[torch.Tensor]) -> bool:
+    """Whether an op's outputs (or, for an op that returns nothing, the tensors it writes) are fake tensors
+    small enough to work out."""
+    outputs = _tensors(out) or written
+    return bool(outputs) and all(isinstance(o, FakeTensor) and o.numel() <= LIMIT for o in outputs)
+
+
+def _on_cpu(func: Any, args: Any, kwargs: Any) -> Any:
+    """``func`` on real tensors, beneath none of the run's modes (the fake mode would take them), untracked
+    by autograd."""
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+        return func(*args, **kwargs)
+
+
+def unknown_value_hint(error: BaseException) -> str:
+    """What to add to the message of ``error`` where it is an analytic run's read of a value it does not have."""
+    if not isinstance(error, (DataDependentOutputException, DynamicOutputShapeException)):
+        return ""
+    return (
+        " (the model reads the values of a tensor, or sizes an output by them: an analytic run knows the values only of "
+        f"tensors of at most {LIMIT} elements made from constants and from real input tensors and buffers, not of "
+        "tensors computed from the weights, from meta tensors or from random numbers; profile it on real tensors)"
+    )

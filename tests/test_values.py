@@ -1,0 +1,164 @@
+"""Analytic runs that read values: those that follow from constants and from the caller's real tensors."""
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from pytest_modelprof import ProfileError, profile
+from pytest_modelprof.engine.values import KnownValues
+
+
+class CausalEncoder(nn.Module):
+    """nn.TransformerEncoder given a causal mask it builds itself: the encoder compares the mask with a
+    causal one (``_detect_is_causal_mask``) to take its causal path."""
+
+    def __init__(self, d=64, causal=True, hint=None):
+        super().__init__()
+        self.causal, self.hint = causal, hint
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, x):
+        s = x.shape[1]
+        if self.causal:
+            mask = nn.Transformer.generate_square_subsequent_mask(s, device=x.device)
+        else:  # each token attends to all but itself: not causal
+            mask = torch.zeros(s, s, device=x.device).masked_fill(torch.eye(s, device=x.device, dtype=torch.bool), float("-inf"))
+        return self.encoder(x, mask=mask, is_causal=self.hint)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("train", [False, True])
+def test_an_encoder_with_a_mask_runs_analytically_as_the_real_run(causal, train):
+    torch.manual_seed(0)
+    model, x = CausalEncoder(causal=causal), torch.randn(2, 16, 64)
+    real = profile(model, x, train=train)
+    analytic = profile(model, x, train=train, device="meta")
+    assert analytic.flops == real.flops
+    assert analytic.peak_memory_bytes == real.peak_memory_bytes
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_causal_mask_is_told_apart_on_a_gpu_target(causal):
+    """On an H100 a causal mask drops out for SDPA's is_causal (its kernels skip the masked scores); any
+    other mask reaches the kernel. Detected from the mask's values, as passing the hint would."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 64)
+    detected = profile(CausalEncoder(causal=causal), x, train=True, target="h100")
+    hinted = profile(CausalEncoder(causal=causal, hint=causal), x, train=True, target="h100")
+
+    def attention(result):
+        return sorted((o.op, o.phase, o.calls, o.flops, o.bytes) for o in result.predicted.ops if "attention" in o.op)
+
+    assert attention(detected) and attention(detected) == attention(hinted)
+
+
+class Lengths(nn.Module):
+    """Slices each batch to its longest sequence, read from an input (``.item()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, lengths):
+        longest = int(lengths.max().item())
+        return self.proj(x[:, :longest])
+
+
+def test_a_value_read_from_a_real_input_sizes_the_run():
+    x, lengths = torch.randn(4, 32, 8), torch.tensor([3, 10, 7, 5])
+    analytic = profile(Lengths(), (x, lengths), device="meta")
+    # the longest of the 4 lengths (a max over 4), then the linear layer over 4 x 10 rows: 2 FLOPs a MAC, a bias add
+    assert analytic.flops == 4 + 4 * 10 * (2 * 8 * 8 + 8)
+    assert analytic.flops == profile(Lengths(), (x, lengths)).flops
+
+
+def test_a_value_of_a_meta_input_is_refused_clearly():
+    x, lengths = torch.empty(4, 32, 8, device="meta"), torch.empty(4, dtype=torch.long, device="meta")
+    with pytest.raises(ProfileError, match=r"module '<root>' \(Lengths\) raised .*an analytic run knows the values only of"):
+        profile(Lengths(), (x, lengths), device="meta")
+
+
+class Selected(nn.Module):
+    """Keeps the tokens of a mask built from positions: nonzero on a tensor of known values."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        keep = torch.arange(x.shape[0], device=x.device) % 3 == 0
+        return self.proj(x[keep])
+
+
+def test_an_output_sized_by_known_values_is_exact():
+    x = torch.randn(10, 8)
+    analytic = profile(Selected(), x, device="meta")
+    # the mask (a remainder and a comparison over 10 positions), then the linear layer over rows 0, 3, 6, 9
+    assert analytic.flops == 10 + 10 + 4 * (2 * 8 * 8 + 8)
+    assert analytic.flops == profile(Selected(), x).flops
+
+
+def fake_run(body):
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, KnownValues() as values:
+        return body(values)
+
+
+def test_values_follow_views_and_writes():
+    def body(values):
+        base = torch.zeros(6)
+        view = base[:3]
+        view.add_(2)  # known operands: the base sees the write through its view
+        assert base.sum().item() == 6
+        weight = torch.empty(3).uniform_()  # random: no value
+        assert values.value(weight) is None
+        view.copy_(weight)  # a write of unknown values through the view: the base is unknown too
+        assert values.value(view) is None and values.value(base) is None
+        return True
+
+    assert fake_run(body)
+
+
+def test_in_place_updates_of_a_list_are_followed():
+    """What an optimizer does to its step counters (``_foreach_add_`` returns nothing)."""
+
+    def body(values):
+        steps = [torch.tensor(0.0), torch.tensor(4.0)]
+        torch._foreach_add_(steps, 1)
+        return [s.item() for s in steps]
+
+    assert fake_run(body) == [1.0, 5.0]
+
+
+def test_uninitialised_and_large_tensors_have_no_value():
+    def body(values):
+        from pytest_modelprof.engine.values import LIMIT
+
+        assert values.value(torch.empty(4)) is None
+        assert values.value(torch.zeros(LIMIT + 1)) is None
+        assert values.value(torch.zeros(4)) is not None
+        return True
+
+    assert fake_run(body)
+
+
+class MaskedHidden(nn.Module):
+    """Keeps the hidden states of the positions a mask of known values picks (the states themselves are not known)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.proj = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.embed(x)
+        keep = torch.arange(h.shape[0], device=x.device) % 3 == 0
+        return self.proj(h[keep]), h.masked_select(keep[:, None]).sum()
+
+
+def test_an_output_sized_by_a_known_mask_over_unknown_values_is_exact():
+    x = torch.empty(10, 8, device="meta")
+    analytic = profile(MaskedHidden(), x, device="meta")
+    # embed over 10 rows, the mask (remainder, comparison), proj over rows 0, 3, 6, 9, the sum of their 4 x 8 states
+    assert analytic.flops == 10 * (2 * 8 * 8 + 8) + 10 + 10 + 4 * (2 * 8 * 8 + 8) + 4 * 8
