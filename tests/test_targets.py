@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from benchmarks import gpu_truth
 from pytest_modelprof import GPUS, GPUSpec, profile
@@ -86,6 +87,54 @@ def test_a_training_step_on_a_target_gpu_runs_as_cuda_would_without_one():
     cpu = profile(model, x, train=True, autocast=torch.bfloat16, device="meta")
     assert "aten._scaled_dot_product_cudnn_attention" not in {row.op for row in cpu.ops}
     assert result.fits is True and cpu.fits is None
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(2))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + checkpoint(block, x, use_reentrant=False)  # recomputed in the backward pass
+        return x
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_activation_checkpointing_on_a_target(autocast):
+    """The recompute runs on the run's (fake CUDA) parameters, under the autocast of its forward."""
+    torch.manual_seed(0)
+    model, x = Checkpointed(), torch.randn(8, 64)
+    result = profile(model, x, train=True, target="h100", autocast=autocast)
+    assert result.flops == profile(model, x, train=True, autocast=autocast).flops  # the real CPU run's
+    # the backward pass recomputes each block up to the last tensor it saved (checkpoint's early stop):
+    # all but its second linear layer (2 x 8 x 256 x 64 MACs and a bias), and not the two residual adds
+    second = 2 * 8 * 256 * 64 + 8 * 64
+    assert result.recompute_flops == result.forward_flops - 2 * second - 2 * 8 * 64
+
+    (recomputed,) = [o for o in result.predicted.ops if o.phase == "recompute" and o.op == "aten.addmm"]
+    # each block's first linear layer again, in the dtype of its forward (bf16 under autocast): bias, input
+    # and weight read, output written
+    element = 2 if autocast else 4
+    assert (recomputed.calls, recomputed.bytes) == (2, 2 * element * (256 + 8 * 64 + 256 * 64 + 8 * 256))
+
+
+class InnerAutocast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+
+    def forward(self, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # as models do for a part of their forward
+            return self.linear(x)
+
+
+def test_autocast_inside_the_model_runs_as_on_the_target(recwarn):
+    result = profile(InnerAutocast(), torch.randn(8, 64), target="h100")
+    (product,) = [o for o in result.predicted.ops if o.op == "aten.addmm"]
+    # bf16: 2 bytes for each of the bias (64), input (8 x 64), weight (64 x 64) read and output (8 x 64) written
+    assert product.bytes == 2 * (64 + 8 * 64 + 64 * 64 + 8 * 64)
+    assert not [w for w in recwarn if "Disabling autocast" in str(w.message)]
 
 
 def test_what_does_not_fit_says_so():

@@ -216,33 +216,36 @@ class Run:
         """When the backward pass runs in Python: the guard against the hooks it cannot run."""
         return HookGuard() if self.saved is not None else contextlib.nullcontext()
 
-    def _forward(self) -> Any:
-        model, args, kwargs = self.workload.model, self.tensors.args, self.tensors.kwargs
+    def _reparametrized(self) -> Any:
+        """The run's parameters and buffers in the model (what ``torch.func.functional_call`` does for one
+        call), for the whole step: an activation-checkpointed block recomputes its forward during the
+        backward pass, on the tensors its forward ran on."""
         if self._state is None:
-            return model(*args, **kwargs)
-        return torch.func.functional_call(model, self._state, args, kwargs, tie_weights=True, strict=False)
+            return contextlib.nullcontext()
+        return torch.nn.utils.stateless._reparametrize_module(self.workload.model, self._state, tie_weights=True, strict=False)
 
     def step(self, region: Callable[[str], None] | None = None, tracker: ModuleTracker | None = None) -> Any:
         """Run one step; its output (None for a training step). ``region`` hears the step move on (``"loss"``, ``"optimizer"``,
         ``"end"``); ``tracker`` names the module an error came from."""
         workload = self.workload
         model = workload.model
-        try:
-            with torch.set_grad_enabled(workload.train or not workload.no_grad), self._autocast(), self._target_modes():
-                output = self._forward()
-        except ProfileError:
-            raise
-        except Exception as error:
-            raise _model_error(model, tracker, error) from error
-        if workload.parallel is not None:
-            wait_for(output)
-        if workload.train:
-            loss = self._loss(output, region)
-            # a training loop keeps the loss, not the output: the output lives on only if
-            # the loss function (or the graph) holds it
-            output = None
-            self._backward(loss, region)
-            del loss
+        with self._reparametrized():
+            try:
+                with torch.set_grad_enabled(workload.train or not workload.no_grad), self._autocast(), self._target_modes():
+                    output = model(*self.tensors.args, **self.tensors.kwargs)
+            except ProfileError:
+                raise
+            except Exception as error:
+                raise _model_error(model, tracker, error) from error
+            if workload.parallel is not None:
+                wait_for(output)
+            if workload.train:
+                loss = self._loss(output, region)
+                # a training loop keeps the loss, not the output: the output lives on only if
+                # the loss function (or the graph) holds it
+                output = None
+                self._backward(loss, region)
+                del loss
         if region is not None:
             region("end")
         if workload.train and self.tensors.optimizer is None:

@@ -33,6 +33,10 @@ answered here from the target's :class:`~.gpus.GPUSpec`:
   explicit path (projection, bias and scale of q, k and v in one kernel, two batched products,
   a softmax); the encoder layer's feed-forward block with its activation in the first
   product's epilogue.
+- **autocast**: ``torch.autocast("cuda")`` entered inside the model (and by activation
+  checkpointing, which recomputes a block under the autocast state of its forward) disables
+  itself where no CUDA device is present; on a target it is enabled as on that GPU
+  (bfloat16 from compute capability 8.0).
 """
 
 from __future__ import annotations
@@ -171,6 +175,20 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _ENGINE_MODES = (_Functions, HookGuard)
 
 
+@contextlib.contextmanager
+def _cuda_autocast_available(gpu: GPUSpec) -> Any:
+    """``torch.autocast("cuda")`` as on ``gpu``: its constructor disables it (with a warning) where no
+    CUDA device is present, and refuses bfloat16 where the device has no support for it."""
+    common = torch.cuda.amp.common
+    stock = common.amp_definitely_not_available, torch.cuda.is_bf16_supported
+    common.amp_definitely_not_available = lambda: False
+    torch.cuda.is_bf16_supported = lambda including_emulation=True: gpu.compute_capability >= (8, 0)
+    try:
+        yield
+    finally:
+        common.amp_definitely_not_available, torch.cuda.is_bf16_supported = stock
+
+
 class CudaKernels:
     """While a fake CUDA-target run steps (a context manager): the choices above, as ``gpu`` would make them.
 
@@ -200,6 +218,7 @@ class CudaKernels:
         torch.overrides.has_torch_function = has_torch_function(stock_check)
         self._exits.callback(setattr, torch.overrides, "has_torch_function", stock_check)
         self._exits.enter_context(_meta_kernels())
+        self._exits.enter_context(_cuda_autocast_available(self.gpu))
         # nn.LSTM's flatten_parameters() reads data pointers of CUDA weights (fake ones: all
         # alike, so it keeps the weights as they are); FakeTensor warns of that read
         self._exits.enter_context(warnings.catch_warnings())
