@@ -20,6 +20,8 @@ Counting convention (the README's "How FLOPs are counted" repeats it for users):
   (subtract, multiply), affine 1 for the weight and 1 for the bias.
 * Pooling: one step per window element per output (max compares, average adds),
   plus the average's divide; adaptive windows are summed exactly.
+* FFTs: 5 N log2 N per complex transform of N points (half for a real side), pairwise
+  distances 3 per pair and feature plus a root, binary searches ceil(log2(n + 1)).
 * Data movement (views, copies, concatenation, indexing, padding, nearest-neighbour
   upsampling, embedding lookups) and tensor creation (including random numbers)
   cost 0 FLOPs; they are still listed in the operator table.
@@ -955,6 +957,84 @@ for _name in (
     "_upsample_nearest_exact3d",
 ):
     _set(_name + "_backward", _scatter_grad)
+
+# grid_sample: the interpolation's cost per output element (as above: bilinear 7, trilinear 15,
+# bicubic 31, nearest 0), plus 3 per coordinate of each output location to map it into the
+# input's pixels ((x + 1) * size - 1) / 2); its backward the per-element cost for each gradient it
+# makes (the input's scatters the weighted neighbours, the grid's reads them again), plus the mapping.
+_GRID_SAMPLE = {(2, 0): 7, (2, 1): 0, (2, 2): 31, (3, 0): 15, (3, 1): 0}  # (dims, mode) -> per output element
+
+
+def _grid_sampler(dims: int, backward: bool) -> Formula:
+    def formula(*args: Any, out_val: Any = None, **kwargs: Any) -> OpCost | None:
+        x, grid, mode = (args[1], args[2], args[3]) if backward else (args[0], args[1], args[2])
+        per_element = _GRID_SAMPLE.get((dims, mode))
+        if per_element is None:
+            return None
+        locations = grid.numel() // dims
+        channels = x.shape[1]
+        # the backward pass makes the gradients its output mask asks for: the input's, the grid's
+        passes = sum(bool(m) for m in args[6]) if backward and len(args) > 6 else 1
+        return OpCost(passes * per_element * locations * channels + 3 * grid.numel())
+
+    return formula
+
+
+for _dims in (2, 3):
+    _set(f"grid_sampler_{_dims}d", _grid_sampler(_dims, backward=False))
+    _set(f"grid_sampler_{_dims}d_backward", _grid_sampler(_dims, backward=True))
+
+
+# FFTs: 5 N log2 N real FLOPs per complex transform of N points (radix-2 Cooley-Tukey, the
+# convention of FFTW's benchmarks), N the product of the transformed dims; half of that for a
+# transform of real input or to real output; a normalisation scales each output element once
+# (2 FLOPs for a complex one).
+def _fft(kind: str) -> Formula:
+    def formula(x: torch.Tensor, dim: Sequence[int], normalization: int, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+        # the transform's length: the complex input's for c2c, the real side's for r2c and c2r
+        real_side = x if kind == "r2c" else _first_tensor(out_val)
+        points = math.prod(real_side.shape[d] for d in dim) if dim else 1
+        if points == 0:
+            return OpCost(0)
+        transforms = real_side.numel() // points
+        per_transform = 5 * points * math.log2(points) * (1 if kind == "c2c" else 0.5) if points > 1 else 0
+        out = _first_tensor(out_val)
+        scale = out.numel() * (2 if out.is_complex() else 1) if normalization else 0
+        return OpCost(round(transforms * per_transform) + scale)
+
+    return formula
+
+
+for _kind in ("r2c", "c2c", "c2r"):
+    _set(f"_fft_{_kind}", _fft(_kind))
+
+
+# cdist: per pair of rows and per feature, a difference, a power (or absolute value) and a sum;
+# then a root per pair (none for p of 0, 1 and infinity). Its backward (one call per input):
+# per pair and feature, the difference, its power, a scale by the pair's gradient over its
+# distance, and a sum.
+@_register("_cdist_forward")
+def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    pairs = _first_tensor(out_val).numel()
+    root = pairs if p not in (0.0, 1.0, math.inf) else 0
+    return OpCost(3 * pairs * x1.shape[-1] + root)
+
+
+@_register("_cdist_backward")
+def cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(4 * grad.numel() * x1.shape[-1])
+
+
+# searchsorted, bucketize: a binary search of each value over the sorted boundaries
+@_register("searchsorted")
+def searchsorted(sorted_sequence: torch.Tensor, values: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(_first_tensor(out_val).numel() * _log2(sorted_sequence.shape[-1] + 1))
+
+
+@_register("bucketize")
+def bucketize(values: Any, boundaries: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(_first_tensor(out_val).numel() * _log2(boundaries.shape[-1] + 1))
+
 
 # losses: FLOPs per input element, reduction included
 _LOSSES = {

@@ -1,0 +1,82 @@
+"""FFTs, pairwise distances, grid sampling and binary search, counted by hand (the README's convention)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pytest_modelprof import profile
+
+
+class Call(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *inputs):
+        return self.fn(*inputs)
+
+
+def flops_of(result, op):
+    return result.op(op).flops
+
+
+@pytest.mark.parametrize(
+    ("fn", "op", "expected"),
+    [
+        # 16 complex transforms of 64 points: 5 n log2 n each
+        (lambda x: torch.fft.fft(x), "aten._fft_r2c", 16 * 5 * 64 * 6 // 2),  # real input: half
+        (lambda x: torch.fft.fft(x.to(torch.complex64)), "aten._fft_c2c", 16 * 5 * 64 * 6),
+        # a 2-D transform of the 16 x 64 points: 5 N log2 N with N = 1024
+        (lambda x: torch.fft.fft2(x.to(torch.complex64)), "aten._fft_c2c", 5 * 1024 * 10),
+        # the orthonormal scaling: once per complex output element, 2 FLOPs each
+        (lambda x: torch.fft.fft(x.to(torch.complex64), norm="ortho"), "aten._fft_c2c", 16 * 5 * 64 * 6 + 2 * 16 * 64),
+        # back to 64 real points from 33 complex ones: half a complex transform of 64 points, scaled by 1/n
+        (lambda x: torch.fft.irfft(torch.fft.rfft(x)), "aten._fft_c2r", 16 * 5 * 64 * 6 // 2 + 16 * 64),
+    ],
+)
+def test_fft_by_hand(fn, op, expected):
+    result = profile(Call(fn), torch.randn(16, 64))
+    assert result.uncounted == {}
+    assert flops_of(result, op) == expected
+
+
+@pytest.mark.parametrize(("p", "root"), [(2.0, 1), (1.0, 0), (3.0, 1)])
+def test_cdist_by_hand(p, root):
+    x1, x2 = torch.randn(2, 10, 8, requires_grad=True), torch.randn(2, 12, 8, requires_grad=True)
+    result = profile(Call(lambda a, b: torch.cdist(a, b, p=p, compute_mode="donot_use_mm_for_euclid_dist")), (x1, x2), train=True)
+    pairs = 2 * 10 * 12
+    # difference, power, sum per pair and feature; a root per pair except for p = 1
+    assert flops_of(result, "aten._cdist_forward") == 3 * pairs * 8 + root * pairs
+    # one backward call per input: difference, power, scale, sum per pair and feature
+    assert result.op("aten._cdist_backward").calls == 2
+    assert flops_of(result, "aten._cdist_backward") == 2 * 4 * pairs * 8
+
+
+@pytest.mark.parametrize(("mode", "per_element"), [("bilinear", 7), ("nearest", 0), ("bicubic", 31)])
+def test_grid_sample_by_hand(mode, per_element):
+    x = torch.randn(2, 3, 16, 16, requires_grad=True)
+    grid = (torch.rand(2, 5, 7, 2) * 2 - 1).requires_grad_()
+    result = profile(Call(lambda a, g: F.grid_sample(a, g, mode=mode, align_corners=False)), (x, grid), train=True)
+    locations = 2 * 5 * 7
+    # the interpolation per output element (2 x 3 channels x 5 x 7), 3 per coordinate to map a location
+    assert flops_of(result, "aten.grid_sampler_2d") == per_element * 3 * locations + 3 * 2 * locations
+    # backward: the input's gradient and the grid's (both asked for), the mapping again
+    assert flops_of(result, "aten.grid_sampler_2d_backward") == 2 * per_element * 3 * locations + 3 * 2 * locations
+
+
+def test_grid_sample_3d_by_hand():
+    x, grid = torch.randn(1, 4, 6, 6, 6), torch.rand(1, 3, 3, 3, 3) * 2 - 1
+    result = profile(Call(lambda a, g: F.grid_sample(a, g, align_corners=True)), (x, grid))
+    assert flops_of(result, "aten.grid_sampler_3d") == 15 * 4 * 27 + 3 * 3 * 27  # trilinear: 8 weighted neighbours
+
+
+def test_binary_search_by_hand():
+    boundaries, values = torch.linspace(0, 1, 31), torch.rand(5, 20)
+    # a binary search over 31 boundaries (32 slots) takes 5 comparisons per value
+    result = profile(Call(lambda v: torch.bucketize(v, boundaries) + torch.searchsorted(boundaries, v)), values)
+    assert flops_of(result, "aten.bucketize") == 100 * 5
+    assert flops_of(result, "aten.searchsorted") == 100 * 5
+    assert math.ceil(math.log2(32)) == 5
