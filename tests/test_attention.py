@@ -301,3 +301,47 @@ def test_causal_attention_on_a_cuda_target_reports_its_skipped_scores_too():
     result = profile(Sdpa(), (q, q, q), target="h100")
     assert "aten._scaled_dot_product_cudnn_attention" in {row.op for row in result.ops}
     assert result.skipped_flops == B * H * (64 * 64 - 64 * 65 // 2) * (2 * 64 * 2 + 1 + 5)
+
+
+class PaddedEncoder(nn.Module):
+    """nn.TransformerEncoder in eval with a padding mask: a real run packs the batch into a nested tensor."""
+
+    def __init__(self, nested=True):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested)
+
+    def forward(self, x, padding):
+        return self.encoder(x, src_key_padding_mask=padding)
+
+
+def padded_batch():
+    torch.manual_seed(0)
+    x, padding = torch.randn(3, 16, 64), torch.zeros(3, 16, dtype=torch.bool)
+    padding[1, 10:] = True  # lengths 16, 10, 5
+    padding[2, 5:] = True
+    return x, padding
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_a_nested_encoder_batch_counts_each_sequence_without_its_padding():
+    x, padding = padded_batch()
+    model = PaddedEncoder().eval()
+    nested = profile(model, (x, padding))
+    assert nested.uncounted == {}
+    # each sequence on its own, at its length: the same layers' dense FLOPs (no mask, so no masking work)
+    layers = [m for m in nested.modules if m.path.startswith("encoder.layers.") and m.path.count(".") == 2]
+    alone = [profile(model.encoder.layers[0], x[i : i + 1, :n]).flops for i, n in enumerate((16, 10, 5))]
+    assert sum(m.forward_flops for m in layers) == 2 * sum(alone)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_an_analytic_run_computes_the_padded_encoder_batch_densely():
+    """Fake tensors cannot be nested: the analytic run takes the encoder's dense path, as a real run
+    without nested tensors does (an upper bound of the real run's figures)."""
+    x, padding = padded_batch()
+    analytic = profile(PaddedEncoder().eval(), (x, padding), device="meta")
+    dense = profile(PaddedEncoder(nested=False).eval(), (x, padding))
+    assert analytic.flops == dense.flops and analytic.peak_memory_bytes == dense.peak_memory_bytes
+    assert analytic.flops > profile(PaddedEncoder().eval(), (x, padding)).flops
+    assert profile(PaddedEncoder().eval(), (x, padding), target="h100").flops > 0

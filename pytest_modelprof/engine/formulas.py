@@ -435,8 +435,12 @@ def native_multi_head_attention(
     out_val: Any = None,
     **kwargs: Any,
 ) -> OpCost | None:
-    if query.is_nested:
-        return None
+    if query.is_nested:  # each sequence on its own (self-attention of a nested batch)
+        lengths = _nested_lengths(query)
+        if lengths is None or not (query is key and key is value):
+            return None
+        costs = [_multi_head_attention(1, n, n, embed_dim, num_head, True, False) for n in lengths]
+        return OpCost(sum(c.flops for c in costs), sum(c.macs for c in costs))
     batch, s_q, _ = query.shape
     mask = kwargs.get("mask", args[4] if len(args) > 4 else None)
     self_attention = query is key and key is value
@@ -446,13 +450,33 @@ def native_multi_head_attention(
 LAYER_NORM_FLOPS = 8  # statistics 4, normalise 2, weight 1, bias 1
 
 
+def _nested_lengths(t: torch.Tensor) -> list[int] | None:
+    """The sequence lengths of a nested tensor's components (what ``nn.TransformerEncoder`` packs a padded
+    batch into, in eval with a padding mask); None where they are not known (a fake nested tensor)."""
+    try:
+        sizes = t._nested_tensor_size()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+    if isinstance(sizes, FakeTensor) or sizes.device.type == "meta" or sizes.dim() != 2:
+        return None
+    return [int(row[0]) for row in sizes.tolist()]
+
+
 @_register("_transformer_encoder_layer_fwd")
 def transformer_encoder_layer(
     src: torch.Tensor, embed_dim: int, num_heads: int, *args: Any, out_val: Any = None, **kwargs: Any
 ) -> OpCost | None:
-    if src.is_nested:
-        return None
+    if src.is_nested:  # each sequence on its own, its padding left out
+        lengths = _nested_lengths(src)
+        if lengths is None:
+            return None
+        costs = [_encoder_layer(1, n, embed_dim, num_heads, args, kwargs) for n in lengths]
+        return OpCost(sum(c.flops for c in costs), sum(c.macs for c in costs))
     batch, seq, _ = src.shape
+    return _encoder_layer(batch, seq, embed_dim, num_heads, args, kwargs)
+
+
+def _encoder_layer(batch: int, seq: int, embed_dim: int, num_heads: int, args: Sequence[Any], kwargs: dict[str, Any]) -> OpCost:
     use_gelu = args[4]
     ffn_weight_1 = args[11]
     hidden = ffn_weight_1.shape[0]
@@ -1109,6 +1133,7 @@ _fused_dropout resize_ set_ select_backward slice_backward diagonal diag_embed
 expand_copy permute_copy view_copy transpose_copy t_copy unsqueeze_copy squeeze_copy
 select_copy slice_copy split_copy alias_copy detach_copy _assert_async _assert_tensor_metadata
 _functional_assert_async sym_constrain_range_for_size lift lift_fresh_copy _has_compatible_shallow_copy_type
+_nested_tensor_from_mask _nested_tensor_from_mask_left_aligned to_padded_tensor _nested_from_padded
 """.split()
 
 DATA_MOVEMENT: frozenset[Any] = frozenset(

@@ -165,6 +165,7 @@ class Workload:
             else:
                 stack.enter_context(self.fake_mode)
                 stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
+                stack.enter_context(_dense_encoders(self.model))
                 if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
                     stack.enter_context(CudaKernels(self.gpu))
                 stack.enter_context(KnownValues(tensors.sources))  # values that follow from constants and inputs
@@ -372,6 +373,20 @@ def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Excepti
         path, module = where
         place = f"module {path or '<root>'!r} ({type(module).__name__})"
     return ProfileError(f"{place} raised {type(error).__name__}: {error}{unknown_value_hint(error)}")
+
+
+@contextlib.contextmanager
+def _dense_encoders(model: nn.Module) -> Iterator[None]:
+    """``nn.TransformerEncoder`` without its nested-tensor path, for an analytic run (fake tensors cannot be
+    nested): in eval with a padding mask it then runs on the padded batch, which a real run packs."""
+    encoders = [m for m in model.modules() if isinstance(m, nn.TransformerEncoder) and m.use_nested_tensor]
+    for encoder in encoders:
+        encoder.use_nested_tensor = False
+    try:
+        yield
+    finally:
+        for encoder in encoders:
+            encoder.use_nested_tensor = True
 
 
 @contextlib.contextmanager
