@@ -1,5 +1,6 @@
 """Predicted step time on a target GPU: the roofline by hand, determinism across processes, budgets."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -66,6 +67,8 @@ def test_kinds_of_kernels():
     assert kind_of("aten.convolution", (x[:, :3], rgb, *conv[2:], 1)) == "conv_narrow"  # a first layer on RGB pixels
     backward = (x, x, depthwise, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 32, [True, True, False])
     assert kind_of("aten.convolution_backward", backward) == "conv_narrow_backward"
+    dense_backward = (x, x, dense, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+    assert kind_of("aten.convolution_backward", dense_backward) == "conv_backward"  # cuDNN's backward kernels
     assert kind_of("aten.mv") == "memory"
 
 
@@ -96,6 +99,29 @@ def test_a_small_matrix_product_reaches_less_of_the_peak_by_hand():
     seconds, bound = kernel_seconds(GPU, calibration, work)
     assert bound == "compute"
     assert seconds == pytest.approx(2 * m * n * k / (1e15 * 0.8 * (400 / 500) * (600 / 800) * (150 / 200)))
+
+
+def test_a_product_with_a_small_output_and_a_long_reduction_is_split_by_hand():
+    """256 x 256 outputs reduced over 65536 (a convolution's weight gradient over a batch's pixels): 4
+    tiles of 128 x 128 would leave 96 of the GPU's 100 SMs idle, so the reduction is split in 25 (the
+    splits that fill the SMs: 100 x 128 x 128 / (256 x 256), each at least 256 long), each split an
+    SM's product of 256 x 256 over 2621."""
+    calibration = Calibration(efficiency={"matmul": 0.8, "memory": 1.0}, gemm_half={"m": 100, "n": 200, "k": 50}, kernel_seconds=0.0)
+    m, n, k = 256, 256, 65536
+    work = Work("aten.mm", "matmul", 2 * m * n * k, 0, torch.bfloat16, 1, (Gemm(m, n, k),))
+    splits, length = 25, 65536 // 25
+    shape = (m * splits / (m * splits + 100)) * (n / (n + 200)) * (length / (length + 50))
+    assert kernel_seconds(GPU, calibration, work)[0] == pytest.approx(2 * m * n * k / (1e15 * 0.8 * shape))
+    # a reduction too short to split (under 2 x 256), and attention, which schedules its own: as they are
+    short = work._replace(flops=2 * m * n * 500, gemms=(Gemm(m, n, 500),))
+    assert kernel_seconds(GPU, calibration, short)[0] == pytest.approx(
+        2 * m * n * 500 / (1e15 * 0.8 * (m / (m + 100)) * (n / (n + 200)) * (500 / 550))
+    )
+    attention = work._replace(name="aten._scaled_dot_product_flash_attention", kind="attention")
+    unsplit = (m / (m + 100)) * (n / (n + 200)) * (k / (k + 50))
+    assert kernel_seconds(GPU, dataclasses.replace(calibration, efficiency={"attention": 0.8, "memory": 1.0}), attention)[
+        0
+    ] == pytest.approx(2 * m * n * k / (1e15 * 0.8 * unsplit))
 
 
 def test_batch_norm_with_few_channels_is_bound_by_its_reductions_by_hand():

@@ -8,7 +8,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
-from ..targets.cost import Bound, StepClock, Work, foreach_kernels, gemms_of, kind_of, norm_work, rnn_kernels
+from ..targets.cost import COMPUTE_KINDS, Bound, StepClock, Work, foreach_kernels, gemms_of, kind_of, norm_work, rnn_kernels
 from ..targets.gpus import GPUSpec
 from . import Meter, Op
 from .flops import FormulaTable, cost_of
@@ -96,7 +96,7 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     if kind == "rnn":
         kernels = rnn_kernels(op.name, op.args)
     passes, reductions = norm_work(op.name, op.args) if kind in ("norm", "norm_backward") else (1.0, 0)
-    gemms = gemms_of(op.name, op.args, op.out) if kind in ("matmul", "conv", "attention", "rnn") else ()
+    gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
     return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device)
 
 

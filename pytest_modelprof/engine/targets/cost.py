@@ -12,9 +12,12 @@ default, for matrix products); everything else runs on CUDA cores.
 Three shapes of work change how close a kernel comes to its peak. A matrix product on
 tensor cores (:func:`gemms_of`: a convolution's implicit product, attention per head, a
 recurrent layer's steps) reaches less of it the fewer its rows, columns and reduction
-(:func:`shape_efficiency`). A normalisation goes over its data more than once and, where it
-runs only a few independent reductions (batch norm's channels), is bound by them rather than
-by the bandwidth (:func:`norm_work`). A convolution with few input channels per group
+(:func:`shape_efficiency`); a library's product whose output would not fill the GPU's SMs
+is split along a long reduction first (:func:`split_k`), and a convolution's backward
+pass (cuDNN's own kernels for the two gradients) has an efficiency of its own. A
+normalisation goes over its data more than once and, where it runs only a few independent
+reductions (batch norm's channels), is bound by them rather than by the bandwidth
+(:func:`norm_work`). A convolution with few input channels per group
 (depthwise, or a first layer on RGB pixels) runs off the tensor cores (``conv_narrow``).
 
 The step is simulated on two clocks, as eager PyTorch runs it: the host issues ops one
@@ -38,11 +41,14 @@ import torch
 
 from .gpus import Calibration, GPUSpec
 
-Kind = Literal["matmul", "conv", "conv_narrow", "conv_narrow_backward", "attention", "rnn", "norm", "norm_backward", "memory", "none"]
+Kind = Literal[
+    "matmul", "conv", "conv_backward", "conv_narrow", "conv_narrow_backward", "attention", "rnn", "norm", "norm_backward", "memory", "none"
+]
 Bound = Literal["compute", "memory", "launch"]
 KINDS: tuple[Kind, ...] = (
     "matmul",
     "conv",
+    "conv_backward",
     "conv_narrow",
     "conv_narrow_backward",
     "attention",
@@ -51,7 +57,7 @@ KINDS: tuple[Kind, ...] = (
     "norm_backward",
     "memory",
 )  # the kinds of kernels, each with its efficiency ("none": no kernel)
-COMPUTE_KINDS = frozenset({"matmul", "conv", "attention", "rnn"})  # on tensor cores
+COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_backward", "attention", "rnn"})  # on tensor cores
 
 _MATMUL = "mm addmm bmm baddbmm addbmm _scaled_mm _grouped_mm addmv mv dot vdot addr _addmm_activation".split()
 _CONV = "convolution convolution_backward cudnn_convolution cudnn_convolution_transpose _convolution".split()
@@ -93,10 +99,12 @@ SYNCHRONIZING = frozenset({"aten._local_scalar_dense", "aten.item", "aten.nonzer
 
 def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
     """The kind of kernel an op (``"aten.mm"``) runs with these arguments; ``"memory"`` for every
-    other op with a kernel. A convolution with fewer than :data:`NARROW_CHANNELS` input channels
-    per group (depthwise convolutions, a network's first on RGB pixels) is ``"conv_narrow"``
-    (``"conv_narrow_backward"``): off the tensor cores, and far below the memory's bandwidth; a
-    product with a vector (``mv``, ``dot``) is bound by memory."""
+    other op with a kernel. A convolution's backward pass runs other kernels than its forward
+    (``"conv_backward"``: the input's gradient, and the weight's, reduced over every pixel); one
+    with fewer than :data:`NARROW_CHANNELS` input channels per group (depthwise convolutions, a
+    network's first on RGB pixels) is ``"conv_narrow"`` (``"conv_narrow_backward"``): off the
+    tensor cores, and far below the memory's bandwidth; a product with a vector (``mv``, ``dot``)
+    is bound by memory."""
     kind = KIND_OF.get(name, "memory")
     if kind == "conv":
         weight = _tensor(_arg(args, 2 if name == "aten.convolution_backward" else 1))
@@ -104,8 +112,8 @@ def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
             kind = "conv_narrow"
     elif kind == "matmul" and name.removeprefix("aten.").rstrip("_") in ("mv", "addmv", "dot", "vdot"):
         kind = "memory"
-    if kind == "conv_narrow" and name.endswith("_backward"):
-        return "conv_narrow_backward"
+    if kind in ("conv", "conv_narrow") and name.endswith("_backward"):
+        return "conv_backward" if kind == "conv" else "conv_narrow_backward"
     return kind
 
 
@@ -118,7 +126,8 @@ def math_peak(gpu: GPUSpec, kind: Kind, dtype: torch.dtype) -> float:
         return gpu.peak_flops.get("float32", max(gpu.peak_flops.values()))
     if dtype == torch.float64:
         return gpu.peak_flops.get("float64", gpu.peak_flops.get("float32", 1.0))
-    tf32 = (kind == "matmul" and torch.backends.cuda.matmul.allow_tf32) or (kind in ("conv", "rnn") and torch.backends.cudnn.allow_tf32)
+    cudnn = kind in ("conv", "conv_backward", "rnn")
+    tf32 = (kind == "matmul" and torch.backends.cuda.matmul.allow_tf32) or (cudnn and torch.backends.cudnn.allow_tf32)
     if tf32 and "tf32" in gpu.peak_flops:
         return gpu.peak_flops["tf32"]
     return gpu.peak_flops.get("float32", max(gpu.peak_flops.values()))
@@ -149,10 +158,31 @@ class Gemm(NamedTuple):
     share: float = 1.0
 
 
-def shape_efficiency(gemm: Gemm, half: Mapping[str, float]) -> float:
-    """The fraction of a kind's full efficiency that a matrix product of this shape reaches: in each
-    dimension ``d / (d + half[dim])``, a product with few rows, columns or a short reduction filling
-    fewer of the tensor cores' tiles and pipelining less (``half``: a calibration's ``gemm_half``)."""
+SPLIT_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and cuDNN's products, split-K where it pays
+SPLIT_TILE = 128  # rows and columns of the output tile one SM computes
+SPLIT_LENGTH = 256  # the shortest reduction a split of a product's reduction is given
+
+
+def split_k(gemm: Gemm, sms: int) -> Gemm:
+    """The product as the GPU runs it: one whose output has fewer :data:`SPLIT_TILE`-square tiles than
+    the GPU has SMs, and a long reduction, is split along the reduction (split-K: each split on an
+    SM of its own, their partial sums added after) into as many splits as fill the SMs, none shorter
+    than :data:`SPLIT_LENGTH`; a convolution's weight gradient (a few channels, reduced over every
+    pixel of the batch) is one such product."""
+    fill = sms * SPLIT_TILE * SPLIT_TILE
+    if gemm.m * gemm.n >= fill or gemm.k < 2 * SPLIT_LENGTH:
+        return gemm
+    splits = max(1, min(gemm.k // SPLIT_LENGTH, math.ceil(fill / max(1, gemm.m * gemm.n))))
+    return Gemm(gemm.m * splits, gemm.n, gemm.k // splits, gemm.share)
+
+
+def shape_efficiency(gemm: Gemm, half: Mapping[str, float], sms: int = 0) -> float:
+    """The fraction of a kind's full efficiency that a matrix product of this shape reaches on a GPU of
+    ``sms`` SMs (0: not split, see :func:`split_k`): in each dimension ``d / (d + half[dim])``, a
+    product with few rows, columns or a short reduction filling fewer of the tensor cores' tiles and
+    pipelining less (``half``: a calibration's ``gemm_half``)."""
+    if sms:
+        gemm = split_k(gemm, sms)
     factor = 1.0
     for size, dim in ((gemm.m, "m"), (gemm.n, "n"), (gemm.k, "k")):
         h = half.get(dim, 0.0)
@@ -168,7 +198,9 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> tuple[
     if kind in COMPUTE_KINDS:
         peak = math_peak(gpu, kind, work.dtype) * efficiency.get(kind, 1.0)
         if work.gemms:
-            compute = sum(work.flops * g.share / (peak * shape_efficiency(g, calibration.gemm_half)) for g in work.gemms)
+            # library products are split along long reductions; attention and recurrent kernels schedule their own
+            half, sms = calibration.gemm_half, gpu.sm_count if kind in SPLIT_KINDS else 0
+            compute = sum(work.flops * g.share / (peak * shape_efficiency(g, half, sms)) for g in work.gemms)
         else:
             compute = work.flops / peak
         memory = work.bytes / bandwidth

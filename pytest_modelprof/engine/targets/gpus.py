@@ -39,7 +39,7 @@ G = 1e9
 class Calibration:
     """The predicted-time model's figures for one GPU (see :mod:`.cost`).
 
-    ``efficiency``: per kind of kernel (``matmul``, ``conv``, ``conv_narrow``,
+    ``efficiency``: per kind of kernel (``matmul``, ``conv``, ``conv_backward``, ``conv_narrow``,
     ``conv_narrow_backward``, ``attention``, ``rnn``, ``norm``, ``norm_backward``, ``memory``: see
     :func:`.cost.kind_of`), the fraction of the peak it reaches at full size: of the math's peak
     for the kinds on tensor cores, of the memory bandwidth for the others; ``cuda_cores``: of the
@@ -53,6 +53,7 @@ class Calibration:
         default_factory=lambda: {
             "matmul": 0.8,
             "conv": 0.6,
+            "conv_backward": 0.4,
             "conv_narrow": 0.3,
             "conv_narrow_backward": 0.1,
             "attention": 0.5,
@@ -124,22 +125,23 @@ def _spec(
 # far it carries to other models
 H100_CALIBRATION = Calibration(
     efficiency={
-        "matmul": 0.8966,
-        "conv": 0.4252,
+        "matmul": 0.9183,
+        "conv": 0.4942,
+        "conv_backward": 0.2775,
         "conv_narrow": 0.2464,
         "conv_narrow_backward": 0.08353,
-        "attention": 0.8800,
-        "rnn": 0.4886,
+        "attention": 1.0,
+        "rnn": 0.4999,
         "norm": 0.7368,
         "norm_backward": 0.6497,
-        "memory": 0.7510,
+        "memory": 0.7696,
         "cuda_cores": 0.3898,
     },
-    gemm_half={"m": 248.7, "n": 25.24, "k": 270.4},
+    gemm_half={"m": 239.4, "n": 29.14, "k": 339.2},
     reduction_bandwidth={"norm": 21.11e9, "norm_backward": 13.44e9},
-    kernel_seconds=7.298e-6,
-    host_seconds=13.64e-6,
-    view_seconds=12.82e-6,
+    kernel_seconds=7.278e-6,
+    host_seconds=16.48e-6,
+    view_seconds=11.52e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (../shared/gpu-truth, torch 2.11)",
 )
