@@ -162,3 +162,23 @@ def test_an_output_sized_by_a_known_mask_over_unknown_values_is_exact():
     analytic = profile(MaskedHidden(), x, device="meta")
     # embed over 10 rows, the mask (remainder, comparison), proj over rows 0, 3, 6, 9, the sum of their 4 x 8 states
     assert analytic.flops == 10 * (2 * 8 * 8 + 8) + 10 + 10 + 4 * (2 * 8 * 8 + 8) + 4 * 8
+
+
+class Table(nn.Module):
+    """Keeps a plain tensor attribute (not a buffer), and writes into a slice of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.zeros(4, 8)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        rows = self.table[:2]
+        rows.add_(1)  # known operands: worked out on the run's copy, never on the caller's tensor
+        return self.proj(x) + rows.sum()
+
+
+def test_an_analytic_run_never_writes_into_the_callers_tensors():
+    model = Table()
+    profile(model, torch.randn(2, 8), device="meta")
+    assert torch.equal(model.table, torch.zeros(4, 8))

@@ -143,7 +143,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
             except Exception:  # a value the CPU cannot work out is one the run does not know
                 pass
             else:
-                if self._remember_outputs(out, real):
+                if self._remember_outputs(out, _apart_from_callers(real, tensors)):
                     return out
         for target in targets:
             if self.value(target) is not None:
@@ -209,6 +209,21 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
         self._ops[func] = (computable, written)
         return computable, written
+
+
+def _apart_from_callers(real: Any, operands: list[torch.Tensor]) -> Any:
+    """``real`` with each value that is a view of a real (not fake) operand copied: the run's fake view of a
+    caller's tensor is a view of its fake copy, so writes through it must never reach the caller's memory."""
+    callers = {t.untyped_storage().data_ptr() for t in operands if not isinstance(t, FakeTensor)}
+    if not callers:
+        return real
+
+    def apart(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in callers:
+            return _on_cpu(aten.clone.default, (value,), {})
+        return value
+
+    return tree_map(apart, real)
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
