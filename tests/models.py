@@ -4,6 +4,17 @@ import torch
 from torch import nn
 
 
+class Fn(nn.Module):
+    """A model that is one function of its inputs (an op under test)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *inputs):
+        return self.fn(*inputs)
+
+
 class TinyTransformer(nn.Module):
     """Token embedding, two pre-norm encoder layers, a language-model head."""
 

@@ -4,16 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+from models import Fn
 from pytest_modelprof import profile
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def counted(fn, *inputs):

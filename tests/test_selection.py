@@ -4,20 +4,11 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
+from models import Fn
 from pytest_modelprof import profile
 
 ROWS, N = 8, 64
-
-
-class Call(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 @pytest.mark.parametrize(
@@ -35,6 +26,6 @@ class Call(nn.Module):
     ],
 )
 def test_selection_by_hand(fn, op, expected):
-    result = profile(Call(fn), torch.randn(ROWS, N))
+    result = profile(Fn(fn), torch.randn(ROWS, N))
     assert result.uncounted == {}
     assert result.op(op).flops == expected

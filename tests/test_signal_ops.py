@@ -5,18 +5,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from models import Fn
 from pytest_modelprof import profile
-
-
-class Call(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *inputs):
-        return self.fn(*inputs)
 
 
 def flops_of(result, op):
@@ -38,7 +29,7 @@ def flops_of(result, op):
     ],
 )
 def test_fft_by_hand(fn, op, expected):
-    result = profile(Call(fn), torch.randn(16, 64))
+    result = profile(Fn(fn), torch.randn(16, 64))
     assert result.uncounted == {}
     assert flops_of(result, op) == expected
 
@@ -46,7 +37,7 @@ def test_fft_by_hand(fn, op, expected):
 @pytest.mark.parametrize(("p", "root"), [(2.0, 1), (1.0, 0), (3.0, 1)])
 def test_cdist_by_hand(p, root):
     x1, x2 = torch.randn(2, 10, 8, requires_grad=True), torch.randn(2, 12, 8, requires_grad=True)
-    result = profile(Call(lambda a, b: torch.cdist(a, b, p=p, compute_mode="donot_use_mm_for_euclid_dist")), (x1, x2), train=True)
+    result = profile(Fn(lambda a, b: torch.cdist(a, b, p=p, compute_mode="donot_use_mm_for_euclid_dist")), (x1, x2), train=True)
     pairs = 2 * 10 * 12
     # difference, power, sum per pair and feature; a root per pair except for p = 1
     assert flops_of(result, "aten._cdist_forward") == 3 * pairs * 8 + root * pairs
@@ -59,7 +50,7 @@ def test_cdist_by_hand(p, root):
 def test_grid_sample_by_hand(mode, per_element):
     x = torch.randn(2, 3, 16, 16, requires_grad=True)
     grid = (torch.rand(2, 5, 7, 2) * 2 - 1).requires_grad_()
-    result = profile(Call(lambda a, g: F.grid_sample(a, g, mode=mode, align_corners=False)), (x, grid), train=True)
+    result = profile(Fn(lambda a, g: F.grid_sample(a, g, mode=mode, align_corners=False)), (x, grid), train=True)
     locations = 2 * 5 * 7
     # the interpolation per output element (2 x 3 channels x 5 x 7), 3 per coordinate to map a location
     assert flops_of(result, "aten.grid_sampler_2d") == per_element * 3 * locations + 3 * 2 * locations
@@ -69,14 +60,14 @@ def test_grid_sample_by_hand(mode, per_element):
 
 def test_grid_sample_3d_by_hand():
     x, grid = torch.randn(1, 4, 6, 6, 6), torch.rand(1, 3, 3, 3, 3) * 2 - 1
-    result = profile(Call(lambda a, g: F.grid_sample(a, g, align_corners=True)), (x, grid))
+    result = profile(Fn(lambda a, g: F.grid_sample(a, g, align_corners=True)), (x, grid))
     assert flops_of(result, "aten.grid_sampler_3d") == 15 * 4 * 27 + 3 * 3 * 27  # trilinear: 8 weighted neighbours
 
 
 def test_binary_search_by_hand():
     boundaries, values = torch.linspace(0, 1, 31), torch.rand(5, 20)
     # a binary search over 31 boundaries (32 slots) takes 5 comparisons per value
-    result = profile(Call(lambda v: torch.bucketize(v, boundaries) + torch.searchsorted(boundaries, v)), values)
+    result = profile(Fn(lambda v: torch.bucketize(v, boundaries) + torch.searchsorted(boundaries, v)), values)
     assert flops_of(result, "aten.bucketize") == 100 * 5
     assert flops_of(result, "aten.searchsorted") == 100 * 5
     assert math.ceil(math.log2(32)) == 5
