@@ -101,3 +101,28 @@ def test_optimizer_needs_a_training_step():
         profile(net, x(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
     with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer"):
         profile(net, x(), train=True, optimizer="adam")
+
+
+@pytest.mark.parametrize(
+    "make, per_element, counters",
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True), 3, 0),
+        # sum += g * g, std = sqrt(sum) + eps, p -= lr * g / std; a step counter per tensor
+        (lambda p: torch.optim.Adagrad(p, fused=True), 7, TENSORS),
+    ],
+    ids=["sgd", "adagrad"],
+)
+def test_fused_steps_without_a_meta_kernel_run_analytically(make, per_element, counters):
+    """PyTorch has no meta kernel for these: an analytic run must not fall back to running them for real."""
+    net = model()
+    real = profile(net, x(), train=True, optimizer=make(net.parameters()))
+    analytic = profile(net, x(), train=True, optimizer=make(net.parameters()), device="meta")
+    assert analytic.optimizer_flops == real.optimizer_flops == per_element * PARAMS + counters
+    assert (analytic.flops, analytic.peak_memory_bytes) == (real.flops, real.peak_memory_bytes)
+
+
+def test_fused_sgd_on_a_gpu_target():
+    net = model()
+    result = profile(net, x(), train=True, optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, fused=True), target="h100")
+    assert result.optimizer_flops == 3 * PARAMS
+    assert [o.op for o in result.predicted.ops if o.phase == "optimizer"] == ["aten._fused_sgd_"]

@@ -9,8 +9,9 @@ tensors (gradients, an optimizer step, buffers a training forward updates).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -197,3 +198,36 @@ def to_fake(t: torch.Tensor, fake_mode: FakeTensorMode, target: torch.device) ->
         # made from the shape alone: a tensor of a model that claims (or targets) a device it is not on
         return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t.detach().to("meta"), target)
     return fake_mode.from_tensor(t.detach())
+
+
+# In-place fused optimizer kernels PyTorch registers no meta kernel for: a fake tensor run would fall
+# back to running them for real on zero-filled copies of every parameter and state (on a GPU for
+# CUDA tensors). They return nothing and change no metadata, so their meta kernel does nothing.
+_FUSED_STEPS = (
+    "_fused_sgd_",
+    "_fused_sgd_.tensor_lr",
+    "_fused_adagrad_",
+    "_fused_adagrad_.tensor_lr",
+    "_fused_adam_.tensor_lr",
+    "_fused_adamw_.tensor_lr",
+)
+
+
+def _no_op(*_: Any, **__: Any) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def fused_step_meta_kernels() -> Iterator[None]:
+    """For an analytic run: meta kernels of the fused optimizer steps that have none (see ``_FUSED_STEPS``)."""
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+    try:
+        for name in _FUSED_STEPS:
+            packet, _, overload = name.partition(".")
+            if getattr(torch.ops.aten, packet, None) is None or (overload and overload not in getattr(torch.ops.aten, packet).overloads()):
+                continue
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+                library.impl(name, _no_op, "Meta")  # type: ignore[no-untyped-call]
+        yield
+    finally:
+        library._destroy()  # type: ignore[no-untyped-call]

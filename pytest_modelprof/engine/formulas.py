@@ -665,6 +665,13 @@ for _name in ("_fused_adam_", "_fused_adam", "_fused_adamw_", "_fused_adamw"):
     _set(_name, _fused_adam())
 
 
+@_register("_fused_adagrad_", "_fused_adagrad")
+def fused_adagrad(params: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+    # sum += g * g (2); std = sqrt(sum) + eps (2); p -= lr * g / std (3); L2 decay g += wd p (1)
+    per_element = 7 + int(bool(kwargs.get("weight_decay")))
+    return OpCost(per_element * _tensor_list_numel(params))
+
+
 @_register("_fused_sgd_", "_fused_sgd")
 def fused_sgd(params: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
     # p -= lr * g (1); momentum: buf = buf * m + g (2); nesterov: g += m * buf (1); L2 decay g += wd p (1)
@@ -1133,7 +1140,7 @@ _fused_dropout resize_ set_ select_backward slice_backward diagonal diag_embed
 expand_copy permute_copy view_copy transpose_copy t_copy unsqueeze_copy squeeze_copy
 select_copy slice_copy split_copy alias_copy detach_copy _assert_async _assert_tensor_metadata
 _functional_assert_async sym_constrain_range_for_size lift lift_fresh_copy _has_compatible_shallow_copy_type
-_nested_tensor_from_mask _nested_tensor_from_mask_left_aligned to_padded_tensor _nested_from_padded
+_nested_tensor_from_mask _nested_tensor_from_mask_left_aligned to_padded_tensor _nested_from_padded _foreach_copy
 """.split()
 
 DATA_MOVEMENT: frozenset[Any] = frozenset(
