@@ -218,16 +218,23 @@ def _no_op(*_: Any, **__: Any) -> None:
 
 
 @contextlib.contextmanager
-def fused_step_meta_kernels() -> Iterator[None]:
-    """For an analytic run: meta kernels of the fused optimizer steps that have none (see ``_FUSED_STEPS``)."""
+def meta_kernels(kernels: Mapping[str, Any]) -> Iterator[None]:
+    """For a run: ``kernels`` (``"op"`` or ``"op.overload"`` of ``aten``: its meta kernel) registered where
+    PyTorch has no meta kernel of its own (ops it does not have are skipped), and removed after."""
     library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
     try:
-        for name in _FUSED_STEPS:
+        for name, kernel in kernels.items():
             packet, _, overload = name.partition(".")
-            if getattr(torch.ops.aten, packet, None) is None or (overload and overload not in getattr(torch.ops.aten, packet).overloads()):
+            ops = getattr(torch.ops.aten, packet, None)
+            if ops is None or (overload and overload not in ops.overloads()):
                 continue
             if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
-                library.impl(name, _no_op, "Meta")  # type: ignore[no-untyped-call]
+                library.impl(name, kernel, "Meta")  # type: ignore[no-untyped-call]
         yield
     finally:
         library._destroy()  # type: ignore[no-untyped-call]
+
+
+def fused_step_meta_kernels() -> Any:
+    """For an analytic run: meta kernels of the fused optimizer steps that have none (see ``_FUSED_STEPS``)."""
+    return meta_kernels(dict.fromkeys(_FUSED_STEPS, _no_op))

@@ -54,6 +54,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..backward import HookGuard, in_backward
+from ..fake import meta_kernels
 from .gpus import GPUSpec
 
 MATH, FLASH, EFFICIENT, CUDNN = 0, 1, 2, 3  # torch.nn.attention.SDPBackend's values
@@ -365,17 +366,9 @@ def _qkv_projection(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return torch.cat([project(t, w) for t, w in zip((query, key, value), weight.chunk(3))], 2)
 
 
-@contextlib.contextmanager
 def _meta_kernels() -> Any:
     """For the run: meta kernels of the CUDA ops the fused paths call that PyTorch has none for."""
-    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
-    try:
-        for name, kernel in _META.items():
-            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
-                library.impl(name, kernel, "Meta")  # type: ignore[no-untyped-call]
-        yield
-    finally:
-        library._destroy()  # type: ignore[no-untyped-call]
+    return meta_kernels(_META)
 
 
 def _transform_bias_rescale_qkv_meta(qkv: torch.Tensor, bias: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, ...]:
