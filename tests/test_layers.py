@@ -205,3 +205,20 @@ def test_every_op_is_counted(name, train):
     assert (result.forward_flops == 0) == moves_data_only
     if train:
         assert result.backward_flops > 0
+
+
+def test_weight_norm_by_hand():
+    """w = g * v / ||v||, one norm per output row: forward 3 per weight element (square, add, multiply)
+    and 2 per row (root, divide); backward 5 per element and 3 per row."""
+    layer = nn.utils.parametrizations.weight_norm(nn.Linear(32, 16))
+    result = profile(layer, torch.randn(4, 32), train=True)
+    assert result.uncounted == {}
+    assert result.op("aten._weight_norm_interface").flops == 3 * 16 * 32 + 2 * 16
+    assert result.op("aten._weight_norm_interface_backward").flops == 5 * 16 * 32 + 3 * 16
+
+
+def test_a_compiled_module_is_profiled_as_its_eager_ops_without_warnings(recwarn):
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    assert profile(torch.compile(model), x).flops == profile(model, x).flops
+    assert not [w for w in recwarn if "global hooks" in str(w.message)]

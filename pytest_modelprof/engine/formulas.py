@@ -1067,6 +1067,20 @@ def bucketize(values: Any, boundaries: torch.Tensor, *_: Any, out_val: Any = Non
     return OpCost(_first_tensor(out_val).numel() * _log2(boundaries.shape[-1] + 1))
 
 
+# weight normalisation, w = g * v / ||v|| (a norm per slice along ``dim``): per element of v a
+# square and an add for the norm and a multiply, per norm a root and a divide; its backward, per
+# element 2 for grad_g (multiply, add) and 3 for grad_v (v times a scale, subtract, multiply), per
+# norm 3 divides.
+@_register("_weight_norm_interface")
+def weight_norm(v: torch.Tensor, g: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(3 * v.numel() + 2 * g.numel())
+
+
+@_register("_weight_norm_interface_backward")
+def weight_norm_backward(grad_w: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(5 * v.numel() + 3 * g.numel())
+
+
 # losses: FLOPs per input element, reduction included
 _LOSSES = {
     "mse_loss": 3,  # subtract, square, reduce

@@ -16,6 +16,7 @@ needs no hooks on tensors.
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -68,12 +69,17 @@ class ModuleTracker:
             register_module_forward_pre_hook(self._enter),
             register_module_forward_hook(self._exit),
         ]
+        # torch.compile'd modules warn of global hooks (these): the run's own, not the caller's concern
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks", category=UserWarning)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._warnings.__exit__(None, None, None)
 
     def watch_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
         """Attribute gradient accumulation for these (name -> tensor) leaves to their owners."""
