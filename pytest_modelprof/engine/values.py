@@ -87,8 +87,8 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def value(self, t: torch.Tensor) -> torch.Tensor | None:
         """``t``'s value on the CPU, or None where the run does not know it."""
-        if not isinstance(t, FakeTensor):
-            return None if t.device.type == "meta" else t
+        if not isinstance(t, FakeTensor):  # a real tensor is its own value (a subclass's, such as DTensor's, is not known)
+            return t if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta" else None
         entry = self._values.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
 
