@@ -82,7 +82,9 @@ class DataDependent(nn.Module):
 
 
 def test_other_data_dependent_sizes_are_refused_clearly():
-    with pytest.raises(ProfileError, match=r"nonzero \(or torch.where\(mask\)\) needs the values of its input"):
+    with pytest.raises(
+        ProfileError, match=r"in module '<root>' \(DataDependent\): nonzero \(or torch.where\(mask\)\) needs the values of its input"
+    ):
         profile(DataDependent(), torch.empty(8, 8, device="meta"), device="meta")
 
 

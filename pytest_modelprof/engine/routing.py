@@ -112,9 +112,10 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
         known = self._get(mask)
         if known is None or known[0] != "density":
             raise ProfileError(
-                "nonzero (or torch.where(mask)) needs the values of its input, which an analytic run does not have; "
-                "analytic mode sizes it only for a router's masks (indices from topk/argmax compared with an expert, "
-                "or their one_hot): profile this model on real tensors"
+                "nonzero (or torch.where(mask)) needs the values of its input, which an analytic run does not have "
+                "(it knows the values of tensors made from constants and from real inputs, not of tensors computed from "
+                "the weights, from meta tensors or random numbers); analytic mode sizes it otherwise only for a router's "
+                "masks (indices from topk/argmax compared with an expert, or their one_hot): profile this model on real tensors"
             )
         rows = round(mask.numel() * known[1])
         return torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)

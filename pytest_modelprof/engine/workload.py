@@ -235,7 +235,8 @@ class Run:
             try:
                 with torch.set_grad_enabled(workload.train or not workload.no_grad), self._autocast(), self._target_modes():
                     output = model(*self.tensors.args, **self.tensors.kwargs)
-            except ProfileError:
+            except ProfileError as error:  # the engine's own refusal keeps its type and cause: the place goes first
+                error.args = (f"in {_place(model, tracker)}: {error}", *error.args[1:])
                 raise
             except Exception as error:
                 raise _model_error(model, tracker, error) from error
@@ -366,14 +367,17 @@ def _cuda_autocast(dtype: torch.dtype) -> Iterator[None]:
         torch.set_autocast_cache_enabled(cache)
 
 
-def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Exception) -> ProfileError:
+def _place(model: nn.Module, tracker: ModuleTracker | None) -> str:
+    """The module an error was raised in."""
     where = tracker.innermost() if tracker is not None else None
     if where is None:
-        place = f"{type(model).__name__} (the model itself)"
-    else:
-        path, module = where
-        place = f"module {path or '<root>'!r} ({type(module).__name__})"
-    return ProfileError(f"{place} raised {type(error).__name__}: {error}{unknown_value_hint(error)}")
+        return f"{type(model).__name__} (the model itself)"
+    path, module = where
+    return f"module {path or '<root>'!r} ({type(module).__name__})"
+
+
+def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Exception) -> ProfileError:
+    return ProfileError(f"{_place(model, tracker)} raised {type(error).__name__}: {error}{unknown_value_hint(error)}")
 
 
 @contextlib.contextmanager
