@@ -402,6 +402,11 @@ _kernel_attention("_efficient_attention_forward", backward=False, offsets_at=4)
 _kernel_attention("_efficient_attention_backward", backward=True, offsets_at=6)
 
 
+def _total(*costs: OpCost) -> OpCost:
+    """The cost of several parts of one op, added."""
+    return OpCost(sum(c.flops for c in costs), sum(c.macs for c in costs), sum(c.skipped for c in costs))
+
+
 def _projections(tokens: int, in_features: int, out_features: int, bias: bool) -> OpCost:
     macs = tokens * in_features * out_features
     return _matmul(macs, tokens * out_features if bias else 0)
@@ -414,14 +419,11 @@ def _multi_head_attention(batch: int, s_q: int, s_k: int, embed: int, heads: int
     else:
         q_proj = _projections(batch * s_q, embed, embed, bias=True)
         kv_proj = _projections(batch * s_k, embed, 2 * embed, bias=True)
-        in_proj = OpCost(q_proj.flops + kv_proj.flops, q_proj.macs + kv_proj.macs)
+        in_proj = _total(q_proj, kv_proj)
     head_dim = embed // heads
     attention = attention_cost((batch, heads, s_q, head_dim), (batch, heads, s_k, head_dim), (batch, heads, s_k, head_dim), masked)
     out_proj = _projections(batch * s_q, embed, embed, bias=True)
-    return OpCost(
-        in_proj.flops + attention.flops + out_proj.flops,
-        in_proj.macs + attention.macs + out_proj.macs,
-    )
+    return _total(in_proj, attention, out_proj)
 
 
 @_register("_native_multi_head_attention")
@@ -439,8 +441,7 @@ def native_multi_head_attention(
         lengths = _nested_lengths(query)
         if lengths is None or not (query is key and key is value):
             return None
-        costs = [_multi_head_attention(1, n, n, embed_dim, num_head, True, False) for n in lengths]
-        return OpCost(sum(c.flops for c in costs), sum(c.macs for c in costs))
+        return _total(*(_multi_head_attention(1, n, n, embed_dim, num_head, True, False) for n in lengths))
     batch, s_q, _ = query.shape
     mask = kwargs.get("mask", args[4] if len(args) > 4 else None)
     self_attention = query is key and key is value
@@ -470,8 +471,7 @@ def transformer_encoder_layer(
         lengths = _nested_lengths(src)
         if lengths is None:
             return None
-        costs = [_encoder_layer(1, n, embed_dim, num_heads, args, kwargs) for n in lengths]
-        return OpCost(sum(c.flops for c in costs), sum(c.macs for c in costs))
+        return _total(*(_encoder_layer(1, n, embed_dim, num_heads, args, kwargs) for n in lengths))
     batch, seq, _ = src.shape
     return _encoder_layer(batch, seq, embed_dim, num_heads, args, kwargs)
 

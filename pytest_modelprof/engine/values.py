@@ -45,7 +45,7 @@ _UNINITIALISED = (
     aten.resize_,
     aten.set_,
 )
-# reads of values: answered from a known value (the output size of the last five depends on the values)
+# reads of values, answered from a known value: a Python scalar, and outputs whose size depends on the values
 _SCALAR_READS = frozenset({aten._local_scalar_dense.default, aten.equal.default})
 _SIZED_BY_VALUES = frozenset(
     {
@@ -58,8 +58,6 @@ _SIZED_BY_VALUES = frozenset(
         aten.bincount.default,
     }
 )
-
-
 # ops sized by their boolean masks alone (an index, masked_select), whatever their other operands hold
 _SIZED_BY_MASKS = frozenset({aten.index.Tensor, aten.masked_select.default})
 

@@ -218,7 +218,7 @@ class CudaKernels:
         stock_check = torch.overrides.has_torch_function
         torch.overrides.has_torch_function = has_torch_function(stock_check)
         self._exits.callback(setattr, torch.overrides, "has_torch_function", stock_check)
-        self._exits.enter_context(_meta_kernels())
+        self._exits.enter_context(meta_kernels(_META))  # ops of the fused paths PyTorch has no meta kernel for
         self._exits.enter_context(_cuda_autocast_available(self.gpu))
         # nn.LSTM's flatten_parameters() reads data pointers of CUDA weights (fake ones: all
         # alike, so it keeps the weights as they are); FakeTensor warns of that read
@@ -366,11 +366,6 @@ def _qkv_projection(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return torch.cat([project(t, w) for t, w in zip((query, key, value), weight.chunk(3))], 2)
 
 
-def _meta_kernels() -> Any:
-    """For the run: meta kernels of the CUDA ops the fused paths call that PyTorch has none for."""
-    return meta_kernels(_META)
-
-
 def _transform_bias_rescale_qkv_meta(qkv: torch.Tensor, bias: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, ...]:
     batch, seq, packed = qkv.shape
     head = packed // 3 // num_heads
@@ -382,6 +377,7 @@ def _masked_softmax_meta(x: torch.Tensor, mask: torch.Tensor, dim: int | None = 
     return torch.empty_like(x)
 
 
+# meta kernels of the CUDA ops the fused paths call that PyTorch has none for
 _META = {"_transform_bias_rescale_qkv": _transform_bias_rescale_qkv_meta, "_masked_softmax": _masked_softmax_meta}
 
 
