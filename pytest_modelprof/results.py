@@ -49,8 +49,9 @@ class MemoryReport:
     """Memory of the run over time, in bytes (allocated bytes; see the memory meter).
 
     ``timeline`` holds, after each op, its phase and the bytes of each category (in the
-    order of ``categories``); ``peak_breakdown`` is that row at the peak, and
-    ``category_max`` each category's own maximum over the run.
+    order of ``categories``), and for a CUDA op that takes kernel scratch a row of its own
+    while the scratch is held (under ``workspace``); ``peak_breakdown`` is the row at the
+    peak, and ``category_max`` each category's own maximum over the run.
     """
 
     peak_bytes: int

@@ -159,7 +159,6 @@ def test_a_target_is_a_gpu():
 # measured here (peak / max_memory_allocated, reserved / max_memory_reserved): what is not
 # yet within the bounds (3% and 5%), and why
 OPEN = {
-    "mlp8x4096-b8192-train-bf16-adamw": "peak 0.939, reserved 0.933: 100 MiB of the backward pass unexplained",
     "lstm2x1024-s256-b32-train-fp32-adam": "peak 0.718: cuDNN's RNN workspaces and its layout copies are not modelled",
 }
 OPEN_RESERVED = {

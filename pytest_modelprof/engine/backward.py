@@ -149,23 +149,37 @@ def _run(
                     _accumulate(node.variable, inputs[0], stealable=node not in shared)
                     continue
                 outputs = _call(node, inputs)
-                del inputs
+                # as the engine: the outputs are validated (reduced and cast to what their consumers
+                # expect) while the node's inputs and saved tensors are held; then it releases them
+                given = Counter(id(grad) for grad in outputs if grad is not None)
+                repeated = [grad is not None and given[id(grad)] > 1 for grad in outputs]
+                grads = _validated_all(node, outputs)
+                del inputs, outputs
                 saved.release(node)
-                _pass_on(node, outputs, buffers, shared, dependencies, ready, order)
-                del outputs
+                _pass_on(node, grads, repeated, buffers, shared, dependencies, ready, order)
+                del grads
+
+
+def _validated_all(node: Any, outputs: tuple[Any, ...]) -> list[Any]:
+    """``node``'s gradients as their consumers expect them, in order (the engine's ``validate_outputs``)."""
+    return [
+        _validated(grad, consumer, input_nr, index, node) if grad is not None and consumer is not None else grad
+        for index, ((consumer, input_nr), grad) in enumerate(zip(node.next_functions, outputs))
+    ]
 
 
 def _pass_on(
     node: Any,
-    outputs: tuple[Any, ...],
+    outputs: list[Any],
+    repeated: list[bool],
     buffers: dict[Any, list[Any]],
     shared: set[Any],
     dependencies: dict[Any, int],
     ready: list[tuple[int, int, Any]],
     order: Iterator[int],
 ) -> None:
-    """Add ``node``'s gradients to its consumers' inputs; queue the consumers that have all theirs."""
-    given = Counter(id(grad) for grad in outputs if grad is not None)
+    """Add ``node``'s validated gradients to its consumers' inputs; queue the consumers that have all
+    theirs. ``repeated``: which outputs the node gave a tensor it gave another output too."""
     for index, ((consumer, input_nr), grad) in enumerate(zip(node.next_functions, outputs)):
         if consumer is None:
             continue
@@ -173,9 +187,8 @@ def _pass_on(
         if buffer is None:
             buffer = buffers[consumer] = [None] * max(1, len(consumer._input_metadata))
         if grad is not None:
-            if given[id(grad)] > 1:  # one tensor given to two inputs: the engine would not steal it
+            if repeated[index]:  # one tensor given to two inputs: the engine would not steal it
                 shared.add(consumer)
-            grad = _validated(grad, consumer, input_nr, index, node)
             buffer[input_nr] = grad if buffer[input_nr] is None else buffer[input_nr] + grad
         dependencies[consumer] -= 1
         if dependencies[consumer] == 0:

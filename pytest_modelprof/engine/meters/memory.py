@@ -21,8 +21,11 @@ optimizer step.
 
 On fake tensors the same storages exist, without memory behind them, so analytic runs
 give the figures of real ones. For CUDA targets each allocation is rounded up to the
-caching allocator's 512-byte blocks, and the figure is allocated bytes; the allocator's
-reserved segments and the cuBLAS workspace are estimated apart (:mod:`..targets.allocator`).
+caching allocator's 512-byte blocks, and the figure is allocated bytes: CPU tensors of the
+step (the optimizer's step counters, host scalars) are not device memory and are left out;
+the cuBLAS workspaces are held under ``workspace`` for the whole step and the allocator's
+reserved segments estimated apart (:mod:`..targets.allocator`); what a kernel allocates
+while it runs (:mod:`..targets.scratch`) is held under ``workspace`` for that op's moment.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ..fake import RunTensors
 from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
 from ..targets.allocator import CUBLAS_OPS, reserved_bytes, workspace_bytes
 from ..targets.gpus import GPUSpec
+from ..targets.scratch import reduction_scratch
 from . import Meter, Op
 
 CATEGORIES = MEMORY_CATEGORIES
@@ -81,6 +85,9 @@ class MemoryMeter(Meter):
         self._run: RunTensors | None = None
         self._target: torch.device | None = None
         self._real_cuda = False
+        self._host_apart = False
+        self._kernels: tuple[int, tuple[int, int]] | None = None  # a CUDA step's SM count and compute capability
+        self._scratches = 0
         self._marks: dict[str, int] = {}  # event indices: where the step begins, the state, first products, the optimizer
         self.measured: dict[str, int] = {}  # a real CUDA run: the caching allocator's figures for the step
         self._finalizers: list[weakref.finalize[Any, Any]] = []
@@ -91,7 +98,7 @@ class MemoryMeter(Meter):
         self.round_to = round_to
         # for CUDA targets, every allocation (address, bytes) and free (address, -1) in order,
         # replayed by the caching-allocator model of the reserved-memory estimate
-        self.events: list[tuple[int, int]] | None = [] if round_to > 1 else None
+        self.events: list[tuple[Any, int]] | None = [] if round_to > 1 else None
 
     # the run's events ----------------------------------------------------------
 
@@ -105,6 +112,12 @@ class MemoryMeter(Meter):
             self.measured = {"start_allocated_bytes": torch.cuda.memory_allocated(target)}
         self._run = run
         self._target = target
+        self._host_apart = target.type == "cuda"  # a CUDA step's CPU tensors are not device memory
+        if target.type == "cuda" and self._gpu is not None:
+            self._kernels = (self._gpu.sm_count, self._gpu.compute_capability)
+        elif self._real_cuda:
+            properties = torch.cuda.get_device_properties(target)
+            self._kernels = (properties.multi_processor_count, (properties.major, properties.minor))
         self.track_all(run.params, PARAMETERS)
         self.track_all(run.buffers, BUFFERS)
         self.track_all((run.args, run.kwargs), INPUTS)
@@ -129,6 +142,8 @@ class MemoryMeter(Meter):
             self.track_all(op.args[0], GRADIENTS)  # FSDP2's reduce-scatter output: the sharded gradients are its views
         else:
             self.track_all(op.out, TEMPORARIES)
+        if self._kernels is not None:
+            self._scratch(op)
         self.sample(op.phase, op.key)
         key = (op.phase, op.key, op.name)
         row = self.op_bytes.get(key)
@@ -138,12 +153,37 @@ class MemoryMeter(Meter):
             row[0] += 1
             row[1] += self.allocated - before
 
+    def _scratch(self, op: Op) -> None:
+        """Kernel scratch (:mod:`..targets.scratch`): allocated after the op's outputs, freed before
+        it returns; the moment it is held is sampled on its own."""
+        source = op.args[0] if op.args else None
+        if not isinstance(source, torch.Tensor) or source.device.type == "cpu":
+            return
+        assert self._kernels is not None
+        sizes = [
+            -(-size // self.round_to) * self.round_to
+            for size in reduction_scratch(op.name, op.func, op.args, op.kwargs, op.out, *self._kernels)
+        ]
+        if not sizes:
+            return
+        keys = []
+        for size in sizes:
+            self._scratches += 1
+            keys.append(("scratch", self._scratches))
+            if self.events is not None:
+                self.events.append((keys[-1], size))
+        self.totals[WORKSPACE] += sum(sizes)
+        self.sample(op.phase, op.key)
+        self.totals[WORKSPACE] -= sum(sizes)
+        if self.events is not None:
+            self.events.extend((key, -1) for key in reversed(keys))
+
     def saved(self, tensor: torch.Tensor, key: StackKey) -> None:
         """A saved-tensors hook saw ``tensor``: it lives on until the backward pass uses it."""
         entry = self.live.get(local(tensor).untyped_storage()._cdata)
         first_time = entry is None or entry[1] == TEMPORARIES
         address = self.track(tensor, ACTIVATIONS)
-        if first_time and self.live[address][1] == ACTIVATIONS:
+        if first_time and address in self.live and self.live[address][1] == ACTIVATIONS:
             for path in key:
                 self.module_activations[path] = self.module_activations.get(path, 0) + self.live[address][0]
 
@@ -175,9 +215,13 @@ class MemoryMeter(Meter):
     # tensors ---------------------------------------------------------------
 
     def track(self, tensor: torch.Tensor, category: int) -> int:
-        """Follow ``tensor``'s storage (once), in ``category`` unless it already has a fixed one."""
-        storage = local(tensor).untyped_storage()
+        """Follow ``tensor``'s storage (once), in ``category`` unless it already has a fixed one
+        (not a CPU tensor of a CUDA step: the optimizer's step counters, host scalars)."""
+        shard = local(tensor)
+        storage = shard.untyped_storage()
         address: int = storage._cdata
+        if self._host_apart and shard.device.type == "cpu":
+            return address
         entry = self.live.get(address)
         if entry is None:
             size = storage.nbytes()

@@ -21,6 +21,8 @@ estimates say how much more, each on its own line, never added to the peak:
   and stream, taken from the caching allocator the first time a matrix product runs there
   and kept: they count in allocated bytes, and the memory meter holds them under
   ``workspace`` for a whole steady step.
+- **kernel scratch**: what a kernel allocates inside one call (a reduction's staging
+  buffer) counts in allocated bytes for that moment: see :mod:`.scratch`.
 - **cuDNN workspace**: chosen per convolution algorithm at run time; not estimated.
 - **CUDA context** (driver, kernels, cuBLAS/cuDNN handles): outside the allocator;
   not estimated (it depends on the driver, the GPU and which kernels load).

@@ -1,0 +1,102 @@
+"""Kernel scratch on a CUDA target: what a reduction kernel takes from the caching allocator while
+it runs, worked out by hand from ATen's launch rules (aten/src/ATen/native/cuda/Reduce.cuh), and
+a training step whose peak is such a moment."""
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_modelprof import GPUS, profile
+from pytest_modelprof.engine.targets.scratch import reduction_scratch, threads_per_sm
+
+MiB = 1 << 20
+SUM = torch.ops.aten.sum.dim_IntList
+
+
+def scratch(x, dims, gpu="h100"):
+    """What ``x.sum(dims, keepdim=True)`` stages on ``gpu``."""
+    spec = GPUS[gpu]
+    return reduction_scratch(
+        "aten.sum", SUM, (x, dims, True), {}, torch.empty(1, dtype=x.dtype, device="meta"), spec.sm_count, spec.compute_capability
+    )
+
+
+def bias_gradient(rows=8192, features=4096, dtype=torch.bfloat16):
+    return torch.empty(rows, features, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize(
+    ("gpu", "sms", "blocks_per_sm"),
+    [("h100", 132, 2048 // 128), ("a100-80gb", 108, 2048 // 128), ("l4", 58, 1536 // 128)],
+)
+def test_the_bias_gradient_sum_stages_its_blocks_in_a_buffer(gpu, sms, blocks_per_sm):
+    # grad.sum(0) of a contiguous 8192 x 4096 bf16 gradient: the reduced dimension is the slow
+    # one, so each thread keeps 4 neighbouring outputs (a vector) and a block is 32 lanes wide
+    # (128 outputs) and 4 warps high (512 threads / 4 per vector); 4096 / 128 = 32 block columns.
+    # Each warp sums 8192 / 4 = 2048 rows: more than 256, so the rows are split across blocks, as
+    # many as fill the GPU: ceil(sms * blocks_per_sm / 32), at most ceil(2048 / 16).
+    per_output = min(-(-sms * blocks_per_sm // 32), 2048 // 16)
+    # the buffer: a float accumulator per output, per block, per lane and vector element
+    buffer = 4 * 4096 * per_output * 32 * 4
+    assert scratch(bias_gradient(), [0], gpu) == [buffer, 4 * 32]  # and one int semaphore per column
+    assert per_output == {"h100": 66, "a100-80gb": 54, "l4": 22}[gpu]
+    assert threads_per_sm(GPUS[gpu].compute_capability) == blocks_per_sm * 128
+
+
+def test_what_a_reduction_stages_follows_the_memory_layout_not_the_dimension_names():
+    # the same memory, 4096 x 8192 transposed, reduced along its strided dimension: 8192 outputs
+    # (64 columns of 128), 4096 / 4 = 1024 rows per warp -> ceil(2112 / 64) = 33 blocks per column
+    transposed = torch.empty(4096, 8192, dtype=torch.bfloat16, device="meta").t()
+    assert scratch(transposed, [1]) == [4 * 8192 * 33 * 32 * 4, 4 * 64]
+    # reducing the contiguous dimension instead: one output per warp, read along the lanes; no staging
+    assert scratch(bias_gradient(), [1]) == []
+
+
+def test_reductions_that_fit_their_blocks_stage_nothing():
+    assert scratch(bias_gradient(64, 1000, torch.float32), [0]) == []  # 64 / 4 = 16 rows per warp
+    assert scratch(torch.empty(1, device="meta"), [0]) == []
+    # a whole-tensor sum (a loss): its blocks meet in one accumulator each, a few kiB at most
+    buffer, semaphores = scratch(bias_gradient(dtype=torch.float32), [])
+    assert 0 < buffer < 16 * 1024 and semaphores == 4
+
+
+def test_elementwise_max_is_not_a_reduction():
+    x = bias_gradient()
+    assert reduction_scratch("aten.max", torch.ops.aten.max.other, (x, x), {}, x, 132, (9, 0)) == []
+
+
+def test_a_reduction_too_large_for_32_bit_offsets_runs_in_parts():
+    # 2**20 x 4096 bf16 (8 GiB): offsets beyond 2**31 bytes; ATen halves the widest dimension (the
+    # rows) until a part fits: 4 parts of 262144 rows, one after another, each staging its own
+    # buffer: 65536 rows per warp -> max(min(66, 4096), 65536 / 256) = 256 blocks per column.
+    # The bf16 output cannot hold the running sums across parts: a float accumulator per output.
+    x = torch.empty(2**20, 4096, dtype=torch.bfloat16, device="meta")
+    assert scratch(x, [0]) == [4096 * 4, 4 * 4096 * 256 * 32 * 4, 4 * 32]
+
+
+def test_a_training_step_whose_peak_is_a_bias_gradient_sum(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # torch's default on an H100: 32 MiB per thread
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024)).to(torch.bfloat16)
+    x = torch.empty(8192, 1024, dtype=torch.bfloat16, device="meta")
+    result = profile(
+        model, x, train=True, target="h100", loss_fn=lambda out: out.float().sum(), optimizer=torch.optim.AdamW(model.parameters())
+    )
+    memory = result.memory
+    # the second layer's bias gradient, grad.sum(0) over 8192 rows of 1024 bf16 features: 8 block
+    # columns, 2048 rows per warp -> min(ceil(2112 / 8), 2048 / 16) = 128 blocks per column
+    staging = 4 * 1024 * 128 * 32 * 4 + 512  # and its semaphores, in one 512-byte block
+    workspaces = 32 * MiB + MiB + 32 * MiB  # cuBLAS, the step's and the backward's; cuBLASLt for addmm
+    assert memory.peak_phase == "backward" and memory.peak_module == "1"
+    assert memory.peak_breakdown["workspace"] == workspaces + staging
+    activation = 8192 * 1024 * 2  # 16 MiB: the first layer's output, saved for the second
+    weights = 2 * (1024 * 1024 + 1024) * 2
+    # at that moment: weights and AdamW's two moments of them, input, the saved activation (released
+    # only after the sum, as the autograd engine releases a node's saved tensors after validating
+    # its outputs), the incoming gradient, the input's gradient, the weight's gradient and the bias
+    # gradient's 2 kiB
+    held = 3 * weights + activation + activation + activation + activation + 1024 * 1024 * 2 + 2048
+    assert memory.peak_bytes - (held + workspaces + staging) in range(0, 4 * 512)  # the loss, its gradient
+    # AdamW's state on the GPU: two moments per parameter; its step counters live on the CPU
+    assert memory.category_max["optimizer_state"] == 2 * weights
