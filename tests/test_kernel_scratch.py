@@ -100,3 +100,20 @@ def test_a_training_step_whose_peak_is_a_bias_gradient_sum(monkeypatch):
     assert memory.peak_bytes - (held + workspaces + staging) in range(0, 4 * 512)  # the loss, its gradient
     # AdamW's state on the GPU: two moments per parameter; its step counters live on the CPU
     assert memory.category_max["optimizer_state"] == 2 * weights
+
+
+def test_a_sharded_step_on_a_target_stages_its_reductions_too():
+    from torch.distributed.fsdp import fully_shard
+
+    def fsdp(model, mesh):
+        fully_shard(model, mesh=mesh)
+
+    model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU())  # (the ReLU's gradient is a dense tensor)
+    x = torch.randn(8192, 512)
+    result = profile(model, x, train=True, world_size=2, parallelize=fsdp, target="h100")
+    # each rank's bias gradient, the whole 2048 before the reduce-scatter: grad.sum(0) over 8192 fp32
+    # rows: 4 outputs per thread, 16 block columns of 128; 2048 rows per warp ->
+    # min(ceil(2112 / 16), 2048 / 16) = 128 blocks per column, a float per output, block, lane, element
+    staging = 4 * 2048 * 128 * 32 * 4
+    cublas = 32 * MiB + MiB + 32 * MiB
+    assert result.memory.category_max["workspace"] == cublas + staging + 512

@@ -113,7 +113,7 @@ class MemoryMeter(Meter):
         self._run = run
         self._target = target
         self._host_apart = target.type == "cuda"  # a CUDA step's CPU tensors are not device memory
-        if target.type == "cuda" and self._gpu is not None:
+        if self._gpu is not None:  # a CUDA target (a sharded step's CPU mesh stands for its GPUs)
             self._kernels = (self._gpu.sm_count, self._gpu.compute_capability)
         elif self._real_cuda:
             properties = torch.cuda.get_device_properties(target)
@@ -157,8 +157,8 @@ class MemoryMeter(Meter):
         """Kernel scratch (:mod:`..targets.scratch`): allocated after the op's outputs, freed before
         it returns; the moment it is held is sampled on its own."""
         source = op.args[0] if op.args else None
-        if not isinstance(source, torch.Tensor) or source.device.type == "cpu":
-            return
+        if not isinstance(source, torch.Tensor) or local(source) is not source or (self._host_apart and source.device.type == "cpu"):
+            return  # (a DTensor's op: its kernels run on its local shards)
         assert self._kernels is not None
         sizes = [
             -(-size // self.round_to) * self.round_to
