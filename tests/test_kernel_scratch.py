@@ -117,3 +117,14 @@ def test_a_sharded_step_on_a_target_stages_its_reductions_too():
     staging = 4 * 2048 * 128 * 32 * 4
     cublas = 32 * MiB + MiB + 32 * MiB
     assert result.memory.category_max["workspace"] == cublas + staging + 512
+
+
+def test_the_staging_buffer_holds_the_accumulator_of_the_result_type():
+    # x.sum(0, dtype=torch.float64) of a float32 8192 x 4096: the same launch as the bf16 bias
+    # gradient (4 outputs per thread, 32 columns, 66 blocks each on an H100), 8-byte accumulators
+    x = bias_gradient(dtype=torch.float32)
+    out = torch.empty(4096, dtype=torch.float64, device="meta")
+    assert reduction_scratch("aten.sum", SUM, (x, [0], True), {"dtype": torch.float64}, out, 132, (9, 0)) == [
+        8 * 4096 * 66 * 32 * 4,
+        4 * 32,
+    ]

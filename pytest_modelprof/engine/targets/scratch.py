@@ -111,11 +111,13 @@ def reduction_scratch(
     if source.numel() <= 1 or source.is_sparse or source.is_nested or _argument(func, args, kwargs, "other") is not None:
         return []  # (max.other, min.other: elementwise)
     reduced = _reduced_dims(func, args, kwargs, dim_argument, source.dim())
+    result = next((t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)), None)
     if (name in ("aten.max", "aten.min")) and isinstance(_argument(func, args, kwargs, "dim"), int):
         arg_bytes = _with_index(source.dtype)  # max.dim / min.dim: values and indices
+    elif accumulator is _opmath and result is not None and result.is_floating_point():
+        arg_bytes = max(_opmath(source.dtype), _opmath(result.dtype))  # sum(dtype=torch.float64) accumulates in double
     else:
         arg_bytes = accumulator(source.dtype)
-    result = next((t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)), None)
     out_bytes = result.element_size() if result is not None else source.element_size()
     geometry = _iterator(source, reduced, out_bytes)
     if geometry is None:
