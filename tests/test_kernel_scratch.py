@@ -128,3 +128,63 @@ def test_the_staging_buffer_holds_the_accumulator_of_the_result_type():
         8 * 4096 * 66 * 32 * 4,
         4 * 32,
     ]
+
+
+def test_what_a_cudnn_lstm_allocates_around_its_cudnn_calls():
+    from pytest_modelprof.engine.targets.scratch import rnn_scratch
+
+    aten = torch.ops.aten
+    seq, batch, features, hidden, layers = 256, 32, 512, 1024, 2
+
+    def meta(*shape):
+        return torch.empty(*shape, device="meta")
+
+    weights = [
+        w for width in (features, hidden) for w in (meta(4 * hidden, width), meta(4 * hidden, hidden), meta(4 * hidden), meta(4 * hidden))
+    ]
+    x, h = meta(batch, seq, features), meta(layers, batch, hidden)  # batch first
+    forward = (x, weights, 4, None, h, h, 2, hidden, 0, layers, True, 0.0, True, False, [], None)
+    assert rnn_scratch("aten._cudnn_rnn", aten._cudnn_rnn.default, forward, {}) == [batch * seq * features * 4]  # x, sequence first
+    assert (
+        rnn_scratch("aten._cudnn_rnn", aten._cudnn_rnn.default, (meta(seq, batch, features), *forward[1:10], False, *forward[11:]), {})
+        == []
+    )
+
+    output = meta(seq, batch, hidden).transpose(0, 1)  # as the forward returns it, batch first
+    grad_output = meta(batch, seq, hidden)  # what selecting the last step gives back: contiguous, batch first
+
+    def backward(mask):
+        args = (
+            x,
+            weights,
+            4,
+            meta(0),
+            h,
+            h,
+            output,
+            grad_output,
+            None,
+            None,
+            2,
+            hidden,
+            0,
+            layers,
+            True,
+            0.0,
+            True,
+            False,
+            [],
+            None,
+            meta(1),
+            mask,
+        )
+        return rnn_scratch("aten._cudnn_rnn_backward", aten._cudnn_rnn_backward.default, args, {})
+
+    state, copy_of_x, copy_of_dy = layers * batch * hidden * 4, batch * seq * features * 4, batch * seq * hidden * 4
+    weights_gradient = sum(w.numel() for w in weights) * 4
+    # zeros for the final states' gradients (not given), x copied again; the output gradient's copy
+    # (32 MiB, backward-data call) is gone before the weights' gradient (56 MiB) is made
+    assert copy_of_dy < weights_gradient
+    assert backward([False, False, False, True]) == [state, state, copy_of_x]
+    # frozen weights: no weights' gradient, so the backward-data call's copies are the most held at once
+    assert backward([True, False, False, False]) == [state, state, copy_of_x, copy_of_dy]

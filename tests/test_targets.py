@@ -159,7 +159,7 @@ def test_a_target_is_a_gpu():
 # measured here (peak / max_memory_allocated, reserved / max_memory_reserved): what is not
 # yet within the bounds (3% and 5%), and why
 OPEN = {
-    "lstm2x1024-s256-b32-train-fp32-adam": "peak 0.718: cuDNN's RNN workspaces and its layout copies are not modelled",
+    "lstm2x1024-s256-b32-train-fp32-adam": "peak 0.751: cuDNN's RNN workspace (250 MiB here, sized by cuDNN at run time) is not modelled",
 }
 OPEN_RESERVED = {
     "vit_b_16-b32-eval-bf16": "reserved 0.789: the fp32 weights converted to bf16 before the step leave cached segments",

@@ -43,7 +43,7 @@ from ..fake import RunTensors
 from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
 from ..targets.allocator import CUBLAS_OPS, reserved_bytes, workspace_bytes
 from ..targets.gpus import GPUSpec
-from ..targets.scratch import reduction_scratch
+from ..targets.scratch import kernel_scratch
 from . import Meter, Op
 
 CATEGORIES = MEMORY_CATEGORIES
@@ -162,7 +162,7 @@ class MemoryMeter(Meter):
         assert self._kernels is not None
         sizes = [
             -(-size // self.round_to) * self.round_to
-            for size in reduction_scratch(op.name, op.func, op.args, op.kwargs, op.out, *self._kernels)
+            for size in kernel_scratch(op.name, op.func, op.args, op.kwargs, op.out, *self._kernels)
         ]
         if not sizes:
             return

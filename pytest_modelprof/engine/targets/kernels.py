@@ -495,9 +495,11 @@ class CudnnRnn(TorchDispatchMode):  # type: ignore[no-untyped-call]
         *rest: Any,
     ) -> tuple[Any, ...]:
         output_mask = rest[-1]
-        grad_input = torch.empty_like(input) if output_mask[0] else None
-        grad_hx = torch.empty_like(hx) if output_mask[1] else None
-        grad_cx = torch.empty_like(cx) if output_mask[2] and cx is not None else None
+        # the input's and the initial states' gradients are computed whether asked for or not
+        # (cuDNN's backward-data call is what the weights' needs); autograd drops those not asked for
+        grad_input = torch.empty_like(input)
+        grad_hx = torch.empty_like(hx)
+        grad_cx = torch.empty_like(cx) if cx is not None else None
         grad_weights: list[torch.Tensor] = []
         if output_mask[3]:
             flat = input.new_empty(sum(w.numel() for w in weight), dtype=weight[0].dtype)  # one buffer, as cuDNN writes it
