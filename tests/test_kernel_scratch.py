@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from pytest_modelprof import GPUS, profile
-from pytest_modelprof.engine.targets.scratch import reduction_scratch, threads_per_sm
+from pytest_modelprof.engine.targets.scratch import kernel_scratch, reduction_scratch, threads_per_sm
 
 MiB = 1 << 20
 SUM = torch.ops.aten.sum.dim_IntList
@@ -188,3 +188,35 @@ def test_what_a_cudnn_lstm_allocates_around_its_cudnn_calls():
     assert backward([False, False, False, True]) == [state, state, copy_of_x]
     # frozen weights: no weights' gradient, so the backward-data call's copies are the most held at once
     assert backward([True, False, False, False]) == [state, state, copy_of_x, copy_of_dy]
+
+
+def test_a_channels_last_convolution_stages_its_bias_gradient():
+    # convolution_backward sums grad_output over (N, H, W) after cuDNN's kernels. Channels last,
+    # 64 x 64 x 56 x 56 fp32: the channels are the fastest dimension and not reduced; (W, H, N)
+    # coalesce into 200704 inputs per output; 4 channels per thread, 16 lanes (64 / 4), 8 warps
+    # (128 threads / 16); 200704 / 8 = 25088 inputs per warp, over 256: one block column, split
+    # into max(min(2112, 25088 / 16), 25088 / 256) = 1568 blocks, each staging 16 lanes x 4 floats
+    grad = torch.empty(64, 64, 56, 56, device="meta").to(memory_format=torch.channels_last)
+    out = (grad, torch.empty(64, 64, 3, 3, device="meta"), torch.empty(64, device="meta"))
+    args = (grad, grad, out[1], [64], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
+    expected = [4 * 64 * 1568 * 16 * 4, 4]
+    assert kernel_scratch("aten.convolution_backward", torch.ops.aten.convolution_backward.default, args, {}, out, 132, (9, 0)) == expected
+    # contiguous (NCHW): each channel's inputs are read along the lanes; a few blocks per channel meet in a small buffer
+    dense = torch.empty(64, 64, 56, 56, device="meta")
+    small = kernel_scratch(
+        "aten.convolution_backward", torch.ops.aten.convolution_backward.default, (dense, *args[1:]), {}, out, 132, (9, 0)
+    )
+    assert sum(small) < 64 * 1024
+    # no bias: nothing summed
+    assert (
+        kernel_scratch(
+            "aten.convolution_backward",
+            torch.ops.aten.convolution_backward.default,
+            (*args[:-1], [True, True, False]),
+            {},
+            out,
+            132,
+            (9, 0),
+        )
+        == []
+    )

@@ -21,6 +21,8 @@ the launch configuration: TensorIterator's ordering and coalescing of the dimens
 GPU's SM count and threads per SM; a reduction too large for 32-bit indexing is split
 in halves as ATen splits it, each half's buffer freed before the next.
 
+The bias gradient of a convolution is such a reduction, made inside ``convolution_backward``.
+
 **Recurrent layers** (:func:`rnn_scratch`): the layout copies and zeros ATen makes around
 cuDNN's calls. cuDNN's own RNN workspace is sized by cuDNN at run time and not included.
 """
@@ -106,6 +108,15 @@ def kernel_scratch(
     """The allocations (bytes) an op makes inside its call on a GPU of ``sm_count`` SMs and ``capability``."""
     if name in REDUCTIONS:
         return reduction_scratch(name, func, args, kwargs, out, sm_count, capability)
+    if name == "aten.convolution_backward":
+        # the bias gradient, summed by ATen after the backend's kernels (cuDNN's does not make it):
+        # grad_output.sum over every dimension but the channels
+        grad_output = args[0]
+        mask = args[10] if len(args) > 10 else kwargs.get("output_mask")
+        if mask is None or not mask[2] or not isinstance(out, (tuple, list)) or not isinstance(out[2], torch.Tensor):
+            return []
+        dims = [d for d in range(grad_output.dim()) if d != 1]
+        return reduction_scratch("aten.sum", torch.ops.aten.sum.dim_IntList, (grad_output, dims), {}, out[2], sm_count, capability)
     return rnn_scratch(name, func, args, kwargs)
 
 
