@@ -220,3 +220,83 @@ def test_a_channels_last_convolution_stages_its_bias_gradient():
         )
         == []
     )
+
+
+FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
+
+
+def flash_backward(batch, heads, sequence, head, kv_heads=None, grad_out=None):
+    """What SDPA's flash backward stages for q, k, v of (batch, heads, sequence, head) in bf16,
+    laid out as a fused projection's views are (sequence first in memory)."""
+
+    def projection(h):
+        return torch.empty(batch, sequence, h, head, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+
+    q, k = projection(heads), projection(kv_heads or heads)
+    out = projection(heads)
+    logsumexp = torch.empty(batch, heads, sequence, device="meta")
+    args = (
+        grad_out if grad_out is not None else projection(heads),
+        q,
+        k,
+        k,
+        out,
+        logsumexp,
+        None,
+        None,
+        sequence,
+        sequence,
+        0.0,
+        True,
+        None,
+        None,
+    )
+    return kernel_scratch("aten._scaled_dot_product_flash_attention_backward", FLASH_BACKWARD, args, {}, None, 108, (8, 0))
+
+
+def test_flash_attention_backward_accumulates_the_query_gradient_in_float():
+    # 4 x 8 heads x 1000 x 64: rows rounded to 1024; softmax_d, one float per row and head; dq_accum,
+    # a float per row, head and head element (64 is a multiple of 32)
+    assert flash_backward(4, 8, 1000, 64) == [4 * 8 * 1024 * 4, 4 * 1024 * 8 * 64 * 4]
+    # heads of 80 round up to 96; of 160 (over 128) to 192
+    assert flash_backward(2, 4, 256, 80)[1] == 2 * 256 * 4 * 96 * 4
+    assert flash_backward(2, 4, 256, 160)[1] == 2 * 256 * 4 * 192 * 4
+
+
+def test_flash_attention_backward_of_grouped_query_attention_and_of_strided_gradients():
+    # 32 query heads over 8 key/value heads: the keys' and values' gradients for all 32 heads first
+    grouped = flash_backward(1, 32, 2048, 128, kv_heads=8)
+    assert grouped[2:] == [2048 * 32 * 128 * 2] * 2
+    # a gradient laid out heads first (not the kernel's layout) is copied first
+    grad = torch.empty(1, 32, 2048, 128, dtype=torch.bfloat16, device="meta")
+    assert flash_backward(1, 32, 2048, 128, grad_out=grad)[0] == 2048 * 32 * 128 * 2
+
+
+def test_deterministic_flash_backward_keeps_one_accumulator_per_split(monkeypatch):
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    # 108 SMs over 2 x 4 = 8 (batch, head) pairs: 14 splits
+    assert flash_backward(2, 4, 256, 64)[1] == 14 * 2 * 256 * 4 * 64 * 4
+
+
+def test_an_a100_training_step_holds_flash_attention_backward_accumulators(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(512, 1536, bias=False)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 8, 64).permute(2, 0, 3, 1, 4)
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+
+    with torch.device("meta"):
+        model = Attention()
+    x = torch.empty(4, 1000, 512, device="meta")
+    memory = profile(model, x, train=True, target="a100-80gb", autocast=torch.bfloat16).memory
+    # at the attention's backward: the cuBLAS workspaces (8 MiB + 128 KiB per thread before Hopper,
+    # and cuBLASLt's 1 MiB for no addmm: none here) and FlashAttention's softmax_d and dq_accum
+    cublas = 2 * (8 * MiB + 128 * 1024)
+    assert memory.category_max["workspace"] == cublas + 4 * 8 * 1024 * 4 + 4 * 1024 * 8 * 64 * 4

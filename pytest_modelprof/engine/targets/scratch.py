@@ -23,6 +23,8 @@ in halves as ATen splits it, each half's buffer freed before the next.
 
 The bias gradient of a convolution is such a reduction, made inside ``convolution_backward``.
 
+**FlashAttention-2's backward** (:func:`flash_backward_scratch`): its float accumulators.
+
 **Recurrent layers** (:func:`rnn_scratch`): the layout copies and zeros ATen makes around
 cuDNN's calls. cuDNN's own RNN workspace is sized by cuDNN at run time and not included.
 """
@@ -117,7 +119,48 @@ def kernel_scratch(
             return []
         dims = [d for d in range(grad_output.dim()) if d != 1]
         return reduction_scratch("aten.sum", torch.ops.aten.sum.dim_IntList, (grad_output, dims), {}, out[2], sm_count, capability)
+    if name in FLASH_BACKWARD:
+        return flash_backward_scratch(name, args, sm_count)
     return rnn_scratch(name, func, args, kwargs)
+
+
+# FlashAttention-2's backward, as ATen calls it (heads before the sequence, as SDPA's op takes
+# them: True; the kernel's own layout, sequence first: False)
+FLASH_BACKWARD = {"aten._scaled_dot_product_flash_attention_backward": True, "aten._flash_attention_backward": False}
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def flash_backward_scratch(name: str, args: Any, sm_count: int) -> list[int]:
+    """What FlashAttention-2's backward allocates beside its gradients (flash_api.cpp's ``mha_bwd``
+    and ``mha_varlen_bwd``): the output and its gradient made contiguous where they are not; the
+    softmax's row sums (``softmax_d``) and the query gradient's float accumulator (``dq_accum``,
+    the query's sequence rounded up to 128 and its head size to 32, or 64 above 128; one per
+    split of the SMs in deterministic mode); for grouped-query attention, the keys' and values'
+    gradients for every query head before they are summed into their group."""
+    grad_out, query, key, _value, out = args[:5]
+    cumulative = args[6] if len(args) > 6 else None
+    if any(t.is_nested for t in (grad_out, query, key, out)):
+        return []
+    if FLASH_BACKWARD[name]:  # (batch, heads, sequence, head) -> the kernel's (batch, sequence, heads, head)
+        grad_out, query, key, out = (t.transpose(1, 2) for t in (grad_out, query, key, out))
+    copies = [t.numel() * t.element_size() for t in (grad_out, out) if not t.is_contiguous()]
+    heads, head = query.shape[-2], query.shape[-1]
+    head_rounded = _round_up(head, 32 if head <= 128 else 64)
+    if isinstance(cumulative, torch.Tensor) and cumulative.dim() == 1 and query.dim() == 3:  # packed sequences
+        batch = cumulative.numel() - 1
+        rows = query.shape[0] + 128 * batch
+        softmax_d, accumulators, keys = heads * rows * 4, rows * heads * head_rounded * 4, key.shape[0]
+    else:
+        batch, sequence = query.shape[0], query.shape[1]
+        rows = batch * _round_up(sequence, 128)
+        softmax_d, accumulators, keys = rows * heads * 4, rows * heads * head_rounded * 4, batch * key.shape[1]
+    if torch.are_deterministic_algorithms_enabled():
+        accumulators *= -(-sm_count // (batch * heads))
+    expanded = [keys * heads * head * query.element_size()] * 2 if key.shape[-2] != heads else []
+    return [size for size in (*copies, softmax_d, accumulators, *expanded) if size]
 
 
 def reduction_scratch(
