@@ -31,6 +31,7 @@ cuDNN's calls. cuDNN's own RNN workspace is sized by cuDNN at run time and not i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -80,27 +81,27 @@ def _boolean(dtype: torch.dtype) -> int:
     return 1
 
 
-# a reduction op (overload packet) -> the accumulator's bytes for an input of a dtype, and
-# the argument that names the reduced dimensions (None: it reduces all of them)
-REDUCTIONS: dict[str, tuple[Any, str | None]] = {
-    "aten.sum": (_opmath, "dim"),
-    "aten.nansum": (_opmath, "dim"),
-    "aten.mean": (_opmath, "dim"),
-    "aten.prod": (_opmath, "dim"),
-    "aten.linalg_vector_norm": (_opmath, "dim"),
-    "aten.norm": (_opmath, "dim"),
-    "aten.amax": (_same, "dim"),
-    "aten.amin": (_same, "dim"),
-    "aten.max": (_same, "dim"),
-    "aten.min": (_same, "dim"),
-    "aten.argmax": (_with_index, "dim"),
-    "aten.argmin": (_with_index, "dim"),
-    "aten.var": (_welford, "dim"),
-    "aten.std": (_welford, "dim"),
-    "aten.var_mean": (_welford, "dim"),
-    "aten.std_mean": (_welford, "dim"),
-    "aten.any": (_boolean, "dim"),
-    "aten.all": (_boolean, "dim"),
+# a reduction op (overload packet) -> the accumulator's bytes for an input of a dtype; the
+# dimensions it reduces are its ``dim`` argument (none given: all of them)
+REDUCTIONS: dict[str, Callable[[torch.dtype], int]] = {
+    "aten.sum": _opmath,
+    "aten.nansum": _opmath,
+    "aten.mean": _opmath,
+    "aten.prod": _opmath,
+    "aten.linalg_vector_norm": _opmath,
+    "aten.norm": _opmath,
+    "aten.amax": _same,
+    "aten.amin": _same,
+    "aten.max": _same,
+    "aten.min": _same,
+    "aten.argmax": _with_index,
+    "aten.argmin": _with_index,
+    "aten.var": _welford,
+    "aten.std": _welford,
+    "aten.var_mean": _welford,
+    "aten.std_mean": _welford,
+    "aten.any": _boolean,
+    "aten.all": _boolean,
 }
 
 
@@ -111,17 +112,23 @@ def kernel_scratch(
     if name in REDUCTIONS:
         return reduction_scratch(name, func, args, kwargs, out, sm_count, capability)
     if name == "aten.convolution_backward":
-        # the bias gradient, summed by ATen after the backend's kernels (cuDNN's does not make it):
-        # grad_output.sum over every dimension but the channels
-        grad_output = args[0]
-        mask = args[10] if len(args) > 10 else kwargs.get("output_mask")
-        if mask is None or not mask[2] or not isinstance(out, (tuple, list)) or not isinstance(out[2], torch.Tensor):
-            return []
-        dims = [d for d in range(grad_output.dim()) if d != 1]
-        return reduction_scratch("aten.sum", torch.ops.aten.sum.dim_IntList, (grad_output, dims), {}, out[2], sm_count, capability)
+        return convolution_bias_scratch(func, args, kwargs, out, sm_count, capability)
     if name in FLASH_BACKWARD:
         return flash_backward_scratch(name, args, sm_count)
     return rnn_scratch(name, func, args, kwargs)
+
+
+def convolution_bias_scratch(
+    func: Any, args: Any, kwargs: dict[str, Any], out: Any, sm_count: int, capability: tuple[int, int]
+) -> list[int]:
+    """A convolution's bias gradient, summed by ATen inside ``convolution_backward`` after the
+    backend's kernels (cuDNN's do not make it): ``grad_output`` over every dimension but the channels."""
+    bound = _bound(func, args, kwargs)
+    grad_output, mask = bound.get("grad_output"), bound.get("output_mask")
+    if not isinstance(grad_output, torch.Tensor) or not mask or not mask[2] or not isinstance(out, (tuple, list)):
+        return []
+    dims = [d for d in range(grad_output.dim()) if d != 1]
+    return reduction_scratch("aten.sum", torch.ops.aten.sum.dim_IntList, (grad_output, dims), {}, out[2], sm_count, capability)
 
 
 # FlashAttention-2's backward, as ATen calls it (heads before the sequence, as SDPA's op takes
@@ -170,14 +177,13 @@ def reduction_scratch(
     buffer and semaphores where its blocks meet (none where each output's inputs fit one block);
     for one too large for 32-bit indexing that cannot accumulate in its output, an accumulator
     of its outputs first, held across its parts."""
-    entry = REDUCTIONS.get(name)
-    if entry is None or not args or not isinstance(args[0], torch.Tensor):
+    accumulator = REDUCTIONS.get(name)
+    if accumulator is None or not args or not isinstance(args[0], torch.Tensor):
         return []
-    accumulator, dim_argument = entry
     source: torch.Tensor = args[0]
     if source.numel() <= 1 or source.is_sparse or source.is_nested or _argument(func, args, kwargs, "other") is not None:
         return []  # (max.other, min.other: elementwise)
-    reduced = _reduced_dims(func, args, kwargs, dim_argument, source.dim())
+    reduced = _reduced_dims(_argument(func, args, kwargs, "dim"), source.dim())
     result = next((t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)), None)
     if (name in ("aten.max", "aten.min")) and isinstance(_argument(func, args, kwargs, "dim"), int):
         arg_bytes = _with_index(source.dtype)  # max.dim / min.dim: values and indices
@@ -207,9 +213,7 @@ def rnn_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
     workspace is not included: its size comes from cuDNN at run time."""
     if name not in ("aten._cudnn_rnn", "aten._cudnn_rnn_backward"):
         return []
-    bound: dict[str, Any] = {
-        argument.name: (args[i] if i < len(args) else kwargs.get(argument.name)) for i, argument in enumerate(func._schema.arguments)
-    }
+    bound = _bound(func, args, kwargs)
     source, batch_first, packed = bound["input"], bound["batch_first"], bool(bound["batch_sizes"])
 
     def relaid(tensor: torch.Tensor, contiguous: bool = False) -> int:
@@ -236,20 +240,19 @@ def rnn_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
     return held + ([dy - weights] if dy > weights else [])
 
 
-def _argument(func: Any, args: Any, kwargs: dict[str, Any], wanted: str) -> Any:
+def _bound(func: Any, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The op's arguments by name (its schema's)."""
     schema = getattr(func, "_schema", None)
     if schema is None:
-        return None
-    for index, argument in enumerate(schema.arguments):
-        if argument.name == wanted:
-            if index < len(args):
-                return args[index]
-            return kwargs.get(wanted)
-    return None
+        return {}
+    return {argument.name: (args[i] if i < len(args) else kwargs.get(argument.name)) for i, argument in enumerate(schema.arguments)}
 
 
-def _reduced_dims(func: Any, args: Any, kwargs: dict[str, Any], dim_argument: str | None, ndim: int) -> set[int]:
-    dims = _argument(func, args, kwargs, dim_argument) if dim_argument else None
+def _argument(func: Any, args: Any, kwargs: dict[str, Any], wanted: str) -> Any:
+    return _bound(func, args, kwargs).get(wanted)
+
+
+def _reduced_dims(dims: Any, ndim: int) -> set[int]:
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return set(range(ndim))
     if isinstance(dims, int):
