@@ -6,8 +6,9 @@ in a fresh process): its name and inputs (shapes, strides, dtypes), the allocate
 before and after it, and the most allocated while it ran (peak statistics reset before each
 op). ``scratch = peak - max(before, after)`` is what the op took and gave back inside the
 call: cuDNN's convolution and RNN workspaces, a reduction's staging buffer. ``modelled`` is
-the engine's figure for the same call. At the end of the step, the caching allocator's
-segments (``torch.cuda.memory_snapshot``), for its reserved-memory model.
+the engine's figure for the same call. For the reserved-memory model: the caching
+allocator's segments at the end of the step, and its trace of every allocation, free and
+segment from the model's set-up on (``torch.cuda.memory._record_memory_history``).
 
     python benchmarks/capture_scratch.py OUT.json [WORKLOAD,...]
 
@@ -75,6 +76,8 @@ def run_one(name: str) -> dict[str, Any]:
     module = gpu_truth.capture()
     build, make_x, train, dtype, autocast, opt_name = module.SHARED[name]
     torch.manual_seed(0)
+    # every allocation and free from here on, the set-up included (no stack traces: cheap)
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
     model = build().to("cuda")
     if dtype is not None:
         model = model.to(dtype)
@@ -106,10 +109,20 @@ def run_one(name: str) -> dict[str, Any]:
     with recorder:
         step()
     torch.cuda.synchronize()
-    segments = [
-        {"size": s["total_size"], "pool": "small" if s["segment_type"] == "small" else "large"} for s in torch.cuda.memory_snapshot()
-    ]
-    return {"name": name, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "ops": recorder.rows, "segments": segments}
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    segments = [{"size": s["total_size"], "pool": s["segment_type"]} for s in snapshot["segments"]]
+    # the caching allocator's own trace, for its model (targets/allocator.py): alloc, free_completed,
+    # segment_alloc, segment_free, ... with address and size, from the set-up to the steady step's end
+    trace = [[e["action"], e["addr"], e["size"]] for e in snapshot["device_traces"][0]]
+    return {
+        "name": name,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(),
+        "ops": recorder.rows,
+        "segments": segments,
+        "trace": trace,
+    }
 
 
 def main() -> None:
