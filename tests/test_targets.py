@@ -169,8 +169,6 @@ OPEN_RESERVED = {
     "convolution workspaces are not modelled",
     "resnet18-b64-train-fp32-sgdm": "reserved 0.818 (2186 / 2678 MiB after the first step, nothing added after): cuDNN's "
     "convolution workspaces, tried as it picks its plans in the first step, are not modelled",
-    "mobilenet_v3_large-b64-train-fp32-adamw": "reserved 1.110 (3508 / 3538 MiB after the first step): the model's steady step "
-    "adds 418 MiB of segments where the real allocator's reuses the first step's",
 }
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -70,30 +71,50 @@ def current_node() -> Any:
     return _STATE.node if _STATE.node is not None else _current_autograd_node()
 
 
+class _Holder:
+    """One saved tensor, as autograd keeps it (the packed object): it lives as long as the node
+    that saved it, and :meth:`SavedTensors.release` empties it once that node has run."""
+
+    __slots__ = ("__weakref__", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor: torch.Tensor | None = tensor
+
+
 class SavedTensors:
     """Saved-tensor hooks' pack and unpack that let :func:`run_backward` release what a node saved.
 
     A node's sequence number is taken when it is made, just before autograd saves its
-    tensors, so the tensors packed now belong to the node numbered one below the next.
+    tensors, so the tensors packed now belong to the node numbered one below the next; but an
+    in-place op whose backward needs its input's old value saves a clone of it, made (with a
+    node of its own) after the op's node: a clone made by the node just numbered belongs to the
+    one before. The holders are followed weakly: what a node that dies unrun saved (a branch
+    whose output the step drops) is freed with it, as autograd frees it.
     """
 
     def __init__(self) -> None:
-        self._by_node: dict[int, list[list[torch.Tensor]]] = {}
+        self._by_node: dict[int, list[weakref.ref[_Holder]]] = {}
 
-    def pack(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        holder = [tensor]
-        self._by_node.setdefault(_peek_sequence_nr() - 1, []).append(holder)
+    def pack(self, tensor: torch.Tensor) -> _Holder:
+        holder = _Holder(tensor)
+        owner = _peek_sequence_nr() - 1
+        made_by = tensor.grad_fn
+        if made_by is not None and made_by._sequence_nr() == owner and made_by.name() == "CloneBackward0":
+            owner -= 1  # an in-place op's clone of its input's old value
+        self._by_node.setdefault(owner, []).append(weakref.ref(holder))
         return holder
 
     @staticmethod
-    def unpack(holder: list[torch.Tensor]) -> torch.Tensor:
-        if not holder:
+    def unpack(holder: _Holder) -> torch.Tensor:
+        if holder.tensor is None:
             raise RuntimeError("Trying to backward through the graph a second time: its saved tensors have been freed")
-        return holder[0]
+        return holder.tensor
 
     def release(self, node: Any) -> None:
-        for holder in self._by_node.pop(node._sequence_nr(), ()):
-            holder.clear()
+        for reference in self._by_node.pop(node._sequence_nr(), ()):
+            holder = reference()
+            if holder is not None:
+                holder.tensor = None
 
 
 class HookGuard(TorchFunctionMode):
