@@ -181,11 +181,12 @@ def reduction_scratch(
     if accumulator is None or not args or not isinstance(args[0], torch.Tensor):
         return []
     source: torch.Tensor = args[0]
-    if source.numel() <= 1 or source.is_sparse or source.is_nested or _argument(func, args, kwargs, "other") is not None:
+    bound = _bound(func, args, kwargs)
+    if source.numel() <= 1 or source.is_sparse or source.is_nested or bound.get("other") is not None:
         return []  # (max.other, min.other: elementwise)
-    reduced = _reduced_dims(_argument(func, args, kwargs, "dim"), source.dim())
+    reduced = _reduced_dims(bound.get("dim"), source.dim())
     result = next((t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)), None)
-    if (name in ("aten.max", "aten.min")) and isinstance(_argument(func, args, kwargs, "dim"), int):
+    if (name in ("aten.max", "aten.min")) and isinstance(bound.get("dim"), int):
         arg_bytes = _with_index(source.dtype)  # max.dim / min.dim: values and indices
     elif accumulator is _opmath and result is not None and result.is_floating_point():
         arg_bytes = max(_opmath(source.dtype), _opmath(result.dtype))  # sum(dtype=torch.float64) accumulates in double
@@ -246,10 +247,6 @@ def _bound(func: Any, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     if schema is None:
         return {}
     return {argument.name: (args[i] if i < len(args) else kwargs.get(argument.name)) for i, argument in enumerate(schema.arguments)}
-
-
-def _argument(func: Any, args: Any, kwargs: dict[str, Any], wanted: str) -> Any:
-    return _bound(func, args, kwargs).get(wanted)
 
 
 def _reduced_dims(dims: Any, ndim: int) -> set[int]:
