@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_flatten
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu_truth
+from pytest_modelprof.engine.targets.calibrate import training_step
 from pytest_modelprof.engine.targets.scratch import reduction_scratch
 
 MiB = 1 << 20
@@ -81,28 +82,8 @@ def run_one(name: str) -> dict[str, Any]:
     model = build().to("cuda")
     if dtype is not None:
         model = model.to(dtype)
-    model.train(train)
     x = make_x("cuda", dtype or torch.float32)
-    optimizers = {
-        "sgdm": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
-        "adamw": torch.optim.AdamW,
-        "adam": torch.optim.Adam,
-        None: lambda p: None,
-    }
-    optimizer = optimizers[opt_name](model.parameters())
-
-    def step() -> None:
-        if train:
-            with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
-                loss = module.loss_of(model(x))
-            loss.backward()
-            if optimizer is not None:
-                optimizer.step()
-            model.zero_grad(set_to_none=True)
-        else:
-            with torch.no_grad():
-                model(x)
-
+    step = training_step(model, x, train, gpu_truth.OPTIMIZERS[opt_name](model.parameters()), autocast, module.loss_of, "cuda")
     step()  # the first step: optimizer state, workspaces, cuDNN plans
     torch.cuda.synchronize()
     recorder = PerOp()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +19,15 @@ from typing import Any
 import torch
 
 TRUTH = Path(__file__).resolve().parents[2] / "shared" / "gpu-truth"
+
+
+# capture.py's optimizers, by the name its SHARED table gives them
+OPTIMIZERS: dict[str | None, Callable[[Any], torch.optim.Optimizer | None]] = {
+    "sgdm": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+    "adamw": torch.optim.AdamW,
+    "adam": torch.optim.Adam,
+    None: lambda p: None,
+}
 
 
 def available() -> bool:
@@ -45,11 +55,5 @@ def workload(name: str) -> tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]:
         model = build()
     if dtype is not None:
         model = model.to(dtype)
-    optimizers = {
-        "sgdm": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
-        "adamw": torch.optim.AdamW,
-        "adam": torch.optim.Adam,
-        None: lambda p: None,
-    }
-    keywords = {"train": train, "optimizer": optimizers[opt_name](model.parameters()), "autocast": autocast, "loss_fn": module.loss_of}
+    keywords = {"train": train, "optimizer": OPTIMIZERS[opt_name](model.parameters()), "autocast": autocast, "loss_fn": module.loss_of}
     return model, make_x("meta", dtype or torch.float32), keywords

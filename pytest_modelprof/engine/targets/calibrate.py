@@ -355,20 +355,24 @@ def probe_loss(output: Any) -> torch.Tensor:
     return loss
 
 
-def measure_probe(probe: Probe, device: torch.device, steps: int = 20) -> dict[str, Any]:
-    """Run ``probe`` on the GPU ``device``: its record (see the module's notes)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    torch.manual_seed(0)
-    model, inputs, keywords = probe.build(device)
-    model.train(keywords["train"])
-    optimizer, autocast = keywords["optimizer"], keywords["autocast"]
+def training_step(
+    model: nn.Module,
+    inputs: Any,
+    train: bool,
+    optimizer: torch.optim.Optimizer | None,
+    autocast: torch.dtype | None,
+    loss_fn: Callable[[Any], torch.Tensor],
+    device_type: str,
+) -> Callable[[], None]:
+    """One step as a training script runs it on a GPU (forward under ``autocast``, loss, backward,
+    optimizer step, ``zero_grad(set_to_none=True)``), or a forward pass under ``no_grad`` when not
+    ``train``: what the measured records time and profile."""
+    model.train(train)
 
     def step() -> None:
-        if keywords["train"]:
-            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-                loss = probe_loss(model(inputs))
+        if train:
+            with torch.autocast(device_type, dtype=autocast or torch.float32, enabled=autocast is not None):
+                loss = loss_fn(model(inputs))
             loss.backward()  # type: ignore[no-untyped-call]
             if optimizer is not None:
                 optimizer.step()
@@ -377,6 +381,17 @@ def measure_probe(probe: Probe, device: torch.device, steps: int = 20) -> dict[s
             with torch.no_grad():
                 model(inputs)
 
+    return step
+
+
+def measure_probe(probe: Probe, device: torch.device, steps: int = 20) -> dict[str, Any]:
+    """Run ``probe`` on the GPU ``device``: its record (see the module's notes)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.manual_seed(0)
+    model, inputs, keywords = probe.build(device)
+    step = training_step(model, inputs, keywords["train"], keywords["optimizer"], keywords["autocast"], probe_loss, device.type)
     for _ in range(3):
         step()
     torch.cuda.synchronize(device)
