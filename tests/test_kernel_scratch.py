@@ -300,3 +300,114 @@ def test_an_a100_training_step_holds_flash_attention_backward_accumulators(monke
     # and cuBLASLt's 1 MiB for no addmm: none here) and FlashAttention's softmax_d and dq_accum
     cublas = 2 * (8 * MiB + 128 * 1024)
     assert memory.category_max["workspace"] == cublas + 4 * 8 * 1024 * 4 + 4 * 1024 * 8 * 64 * 4
+
+
+def efficient(op, *tensors, gpu="h100", **arguments):
+    """What memory-efficient attention's ``op`` allocates beside its outputs on ``gpu``."""
+    func = getattr(torch.ops.aten, op).default
+    names = [a.name for a in func._schema.arguments]
+    args = dict(zip(names, tensors))
+    args.update(arguments)
+    return kernel_scratch(f"aten.{op}", func, (), args, None, GPUS[gpu].sm_count, GPUS[gpu].compute_capability)
+
+
+def heads_first(batch, heads, sequence, head, dtype=torch.float32):
+    """(batch, heads, sequence, head) views of a (batch, sequence, heads, head) buffer, as a
+    projection's output reshaped for attention is laid out."""
+    return torch.empty(batch, sequence, heads, head, dtype=dtype, device="meta").transpose(1, 2)
+
+
+def efficient_backward(batch, heads, sequence, head, dtype=torch.float32, gpu="h100", grad_out=None, dropout_p=0.0):
+    q, k, v, out = (heads_first(batch, heads, sequence, head, dtype) for _ in range(4))
+    grad_out = grad_out if grad_out is not None else heads_first(batch, heads, sequence, head, dtype)
+    logsumexp = torch.empty(batch, heads, sequence, device="meta")
+    return efficient(
+        "_scaled_dot_product_efficient_attention_backward",
+        grad_out,
+        q,
+        k,
+        v,
+        None,
+        out,
+        logsumexp,
+        None,
+        None,
+        gpu=gpu,
+        dropout_p=dropout_p,
+        grad_input_mask=[True, True, True, False],
+        is_causal=False,
+    )
+
+
+def test_fp32_efficient_attention_backward_holds_the_row_sums_and_the_query_gradient_tiles():
+    # fp32, head 64: the 64 x 64 kernel. ATen computes delta = (dO * O).sum(-1), transposed and
+    # copied: the product (2 x 256 x 4 x 64 floats), the sum and its copy (2 x 4 x 256 floats)
+    # live together; the workspace, per (batch, head): 4 query blocks x 1 column block, each a
+    # 16-byte lock and 64 x 64 floats: 4 x (4 + 4096) floats. The larger of the two moments is held.
+    row_sums = 2 * 4 * 256 * 4
+    product = 2 * 256 * 4 * 64 * 4
+    workspace = 2 * 4 * (4 * (4 + 64 * 64)) * 4
+    assert product + 2 * row_sums > row_sums + workspace
+    assert efficient_backward(2, 4, 256, 64) == [product, row_sums, row_sums]
+    # 200 queries round up to 4 blocks of 64: now the kernel's moment is the larger
+    assert efficient_backward(2, 4, 200, 64) == [2 * 4 * 200 * 4, 2 * 4 * (4 * (4 + 64 * 64)) * 4]
+
+
+def test_half_precision_efficient_attention_backward_by_gpu():
+    delta = 2 * 4 * 256 * 4  # made by the kernel itself in half precision
+    # head 128 on an H100: the 128 x 128 kernel keeps dK and dV in registers; 2 query blocks of (4 + 128 x 128)
+    assert efficient_backward(2, 4, 256, 128, torch.bfloat16) == [delta, 2 * 4 * (2 * (4 + 128 * 128)) * 4]
+    # on an L4 that kernel needs more shared memory than a block has: the 64 x 64 one, whose dK and
+    # dV (head 128 > 64 rows) accumulate in the workspace, one 64-key tile row per split of the
+    # 256 keys (4 splits, under 200 / (2 x 4)): 4 x 64 x (128 + 128) floats, then 4 x 2 query tiles
+    key_tiles = 4 * 64 * (128 + 128)
+    query_tiles = 4 * 2 * (4 + 64 * 64)
+    assert efficient_backward(2, 4, 256, 128, torch.bfloat16, gpu="l4") == [delta, 2 * 4 * (key_tiles + query_tiles) * 4]
+    # head 96 on an L4: its own 128 x 64 kernel, in registers: 2 query blocks x 2 column blocks of 64
+    assert efficient_backward(2, 4, 256, 96, torch.bfloat16, gpu="l4")[1] == 2 * 4 * (2 * 2 * (4 + 128 * 64)) * 4
+    # with dropout that kernel is not offered: 64 x 64 again, dK and dV in the workspace
+    with_dropout = efficient_backward(2, 4, 256, 96, torch.bfloat16, gpu="l4", dropout_p=0.1)[1]
+    assert with_dropout == 2 * 4 * (4 * 64 * (128 + 128) + 4 * 2 * (4 + 64 * 64)) * 4
+
+
+def test_efficient_attention_copies_a_gradient_not_in_its_layout():
+    grad = torch.empty(2, 4, 256, 64, device="meta")  # heads first in memory: not the kernel's layout
+    assert efficient_backward(2, 4, 256, 64, grad_out=grad)[0] == 2 * 4 * 256 * 64 * 4
+
+
+def test_efficient_attention_forward_accumulates_wide_half_heads_in_float():
+    def forward(head, dtype):
+        q = heads_first(1, 2, 128, head, dtype)
+        return efficient("_scaled_dot_product_efficient_attention", q, q, q, None, compute_log_sumexp=True, dropout_p=0.0, is_causal=False)
+
+    assert forward(256, torch.bfloat16) == [1 * 128 * 2 * 256 * 4]
+    assert forward(128, torch.bfloat16) == []  # one pass over the value's columns: no buffer
+    assert forward(256, torch.float32) == []  # fp32 accumulates in its output
+
+
+def test_an_h100_fp32_training_step_holds_efficient_attention_workspace(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(512, 1536, bias=False)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 8, 64).permute(2, 0, 3, 1, 4)
+            return nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
+
+    with torch.device("meta"):
+        model = Attention()
+    memory = profile(model, torch.empty(4, 1000, 512, device="meta"), train=True, target="h100").memory
+    # the cuBLAS workspaces of the two threads (32 MiB each on Hopper), and at the attention's
+    # backward the kernel's moment: the row sums (4 x 8 x 1000 floats) and the query tiles, 16
+    # blocks of 64 queries x (4 + 64 x 64) floats per (batch, head); it outweighs the moment ATen
+    # computes the row sums (the product, 4 x 1000 x 8 x 64 floats, and the sums twice). The output's
+    # gradient is the loss sum's, expanded from one number (strides 0): the kernel takes a copy.
+    row_sums = 4 * 8 * 1000 * 4
+    workspace = 4 * 8 * 16 * (4 + 64 * 64) * 4
+    gradient = 4 * 1000 * 8 * 64 * 4
+    assert row_sums + workspace > gradient + 2 * row_sums
+    assert memory.category_max["workspace"] == 2 * 32 * MiB + gradient + row_sums + workspace
