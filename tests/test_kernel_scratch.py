@@ -411,3 +411,28 @@ def test_an_h100_fp32_training_step_holds_efficient_attention_workspace(monkeypa
     gradient = 4 * 1000 * 8 * 64 * 4
     assert row_sums + workspace > gradient + 2 * row_sums
     assert memory.category_max["workspace"] == 2 * 32 * MiB + gradient + row_sums + workspace
+
+
+def embedding_backward(tokens, width, dtype=torch.float32, grad=None, scale_grad_by_freq=False):
+    grad = grad if grad is not None else torch.empty(tokens, width, dtype=dtype, device="meta")
+    indices = torch.empty(tokens, dtype=torch.long, device="meta")
+    func = torch.ops.aten.embedding_dense_backward.default
+    return kernel_scratch("aten.embedding_dense_backward", func, (grad, indices, 50000, -1, scale_grad_by_freq), {}, None, 132, (9, 0))
+
+
+def test_an_embedding_backward_sorts_its_indices_and_sums_rows_in_float():
+    # up to 3072 indices: one kernel over the features, nothing beside the gradient
+    assert embedding_backward(3072, 768) == []
+    # 4096 int64 indices: sorted and original positions, then four index arrays and two counters
+    # while the rows' partial sums (one 768-wide float row per index) are summed
+    n = 4096 * 8
+    assert embedding_backward(4096, 768) == [n, n, n, 8, n, n, 8, n, 4096 * 768 * 4]
+    # a bf16 gradient sums its rows in float; with scale_grad_by_freq, the counts too (and from 1 index on)
+    assert embedding_backward(4096, 768, torch.bfloat16)[-1] == 4096 * 768 * 4
+    assert embedding_backward(100, 64, scale_grad_by_freq=True) == [800, 800, 800, 800, 8, 800, 800, 8, 800, 100 * 64 * 4]
+
+
+def test_an_embedding_backward_copies_a_broadcast_gradient():
+    # the gradient of a sum, expanded from one number, is made contiguous first
+    grad = torch.empty(1, 1, device="meta").expand(2000, 256)
+    assert embedding_backward(2000, 256, grad=grad) == [2000 * 256 * 4]

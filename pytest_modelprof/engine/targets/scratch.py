@@ -32,6 +32,9 @@ kernel's float workspace (the query gradient's accumulator tiles, and for head s
 registers cannot hold, the keys' and values'); the forward pass's float output accumulator for
 half-precision heads over 128.
 
+**An embedding's backward pass** (:func:`embedding_backward_scratch`): sorting the indices and
+the float partial sums of the rows they pick, one row per index.
+
 **Recurrent layers** (:func:`rnn_scratch`): the layout copies and zeros ATen makes around
 cuDNN's calls. cuDNN's own RNN workspace is sized by cuDNN at run time and not included.
 """
@@ -124,6 +127,8 @@ def kernel_scratch(
         return flash_backward_scratch(name, args, sm_count)
     if name in EFFICIENT_FORWARD or name in EFFICIENT_BACKWARD:
         return efficient_attention_scratch(name, func, args, kwargs, capability)
+    if name == "aten.embedding_dense_backward":
+        return embedding_backward_scratch(func, args, kwargs)
     return rnn_scratch(name, func, args, kwargs)
 
 
@@ -281,6 +286,33 @@ def efficient_attention_scratch(name: str, func: Any, args: Any, kwargs: dict[st
     running = [row_sums, workspace]
     held = computing_delta if sum(computing_delta) > sum(running) else running
     return [size for size in (*copy, *held) if size]
+
+
+def embedding_backward_scratch(func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
+    """What ``embedding_dense_backward`` allocates on CUDA beside the weight's gradient
+    (aten/src/ATen/native/cuda/Embedding.cu and EmbeddingBackwardKernel.cu): the gradient and the
+    indices made contiguous where they are not; up to 3072 indices (without
+    ``scale_grad_by_freq``) nothing else. Beyond: the indices sorted and their original
+    positions (and with ``scale_grad_by_freq`` each index's count), then, while the rows are
+    summed, four index arrays of the indices' length (segment offsets, partial segments per
+    segment, their offsets, partial-segment offsets), two counters, and the partial sums: one
+    row of the weight's width per index, in float for half-precision gradients. The sort's own
+    buffers (freed before the sums begin, a few KiB beyond two index arrays) are the smaller
+    moment and not counted."""
+    bound = _bound(func, args, kwargs)
+    grad, indices = bound.get("grad_output"), bound.get("indices")
+    if not isinstance(grad, torch.Tensor) or not isinstance(indices, torch.Tensor) or grad.dim() < 1:
+        return []
+    copies = [t.numel() * t.element_size() for t in (grad, indices) if not t.is_contiguous()]
+    count, index_bytes = indices.numel(), indices.numel() * indices.element_size()
+    scaled = bool(bound.get("scale_grad_by_freq"))
+    if count <= 3072 and not scaled:
+        return [size for size in copies if size]
+    width = grad.shape[-1]
+    partial = 4 if grad.dtype in (torch.float16, torch.bfloat16) else grad.element_size()
+    sorting = [index_bytes, index_bytes] + ([index_bytes] if scaled else [])
+    summing = [index_bytes, 8, index_bytes, index_bytes, 8, index_bytes, count * width * partial]
+    return [size for size in (*copies, *sorting, *summing) if size]
 
 
 def reduction_scratch(
