@@ -436,3 +436,31 @@ def test_an_embedding_backward_copies_a_broadcast_gradient():
     # the gradient of a sum, expanded from one number, is made contiguous first
     grad = torch.empty(1, 1, device="meta").expand(2000, 256)
     assert embedding_backward(2000, 256, grad=grad) == [2000 * 256 * 4]
+
+
+def norm_backward(rows, width, gpu="h100", rms=False):
+    x = torch.empty(rows, width, device="meta")
+    w = torch.empty(width, device="meta")
+    stats = torch.empty(rows, 1, device="meta")
+    spec = GPUS[gpu]
+    if rms:
+        func, args = torch.ops.aten._fused_rms_norm_backward.default, (x, x, [width], stats, w, [True, True])
+    else:
+        func, args = torch.ops.aten.native_layer_norm_backward.default, (x, x, [width], stats, stats, w, w, [True, True, True])
+    return kernel_scratch(f"aten.{func.__name__.split('.')[0]}", func, args, {}, None, spec.sm_count, spec.compute_capability)
+
+
+def test_layer_norm_backward_over_many_narrow_rows_sums_per_block_of_rows_first():
+    # 70000 rows of 512: 16 column blocks of 32 (under 132 / 2 SMs), min(32768 / 16, 70000 / 32
+    # rounded up) = 2048 blocks of rows, each a row of partial sums for the weight and the bias;
+    # then .sum(0) of a [2048, 512] buffer: its result and that reduction's own staging
+    partial = 2048 * 512 * 4
+    staging = scratch(torch.empty(2048, 512, device="meta"), [0])
+    assert norm_backward(70000, 512) == [partial, partial, 512 * 4, *staging]
+    # RMS norm has no bias: one buffer
+    assert norm_backward(70000, 512, rms=True) == [partial, 512 * 4, *staging]
+    # up to 65536 rows, or as many column blocks as half the SMs: one pass, nothing beside the gradients
+    assert norm_backward(65536, 512) == []
+    assert norm_backward(70000, 66 * 32) == []  # H100: 132 SMs
+    assert norm_backward(70000, 54 * 32, gpu="a100-80gb") == []  # 108 SMs
+    assert norm_backward(70000, 53 * 32, gpu="a100-80gb")[0] == min(32768 // 53, -(-70000 // 32)) * 53 * 32 * 4

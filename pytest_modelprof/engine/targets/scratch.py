@@ -32,6 +32,9 @@ kernel's float workspace (the query gradient's accumulator tiles, and for head s
 registers cannot hold, the keys' and values'); the forward pass's float output accumulator for
 half-precision heads over 128.
 
+**Layer and RMS norm's backward pass over many rows** (:func:`norm_backward_scratch`): the
+weight's and bias's gradients summed per block of rows first, then over the blocks.
+
 **An embedding's backward pass** (:func:`embedding_backward_scratch`): sorting the indices and
 the float partial sums of the rows they pick, one row per index.
 
@@ -129,6 +132,8 @@ def kernel_scratch(
         return efficient_attention_scratch(name, func, args, kwargs, capability)
     if name == "aten.embedding_dense_backward":
         return embedding_backward_scratch(func, args, kwargs)
+    if name in ("aten.native_layer_norm_backward", "aten._fused_rms_norm_backward"):
+        return norm_backward_scratch(name, func, args, kwargs, sm_count, capability)
     return rnn_scratch(name, func, args, kwargs)
 
 
@@ -286,6 +291,36 @@ def efficient_attention_scratch(name: str, func: Any, args: Any, kwargs: dict[st
     running = [row_sums, workspace]
     held = computing_delta if sum(computing_delta) > sum(running) else running
     return [size for size in (*copy, *held) if size]
+
+
+def norm_backward_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any], sm_count: int, capability: tuple[int, int]) -> list[int]:
+    """What layer norm's (and RMS norm's) CUDA backward allocates for the weight's and bias's
+    gradients when the rows are many and narrow (aten/src/ATen/native/cuda/layer_norm_kernel.cu,
+    ``LaunchGammaBetaBackwardCUDAKernel``): over 65536 rows with fewer 32-column blocks than half
+    the SMs, each block of 32 rows (at most 32768 / column blocks of them) writes its partial
+    sums, which ``.sum(0)`` then reduces (an ATen reduction inside the op, with its own staging).
+    Both partial buffers live until both sums are done; a sum's result replaces the gradient
+    allocated before, so at the moment of a sum: the buffers, its result and its staging."""
+    bound = _bound(func, args, kwargs)
+    source, weight, mask = bound.get("input"), bound.get("weight"), bound.get("output_mask")
+    if not isinstance(source, torch.Tensor) or not isinstance(weight, torch.Tensor) or not mask:
+        return []
+    width = 1
+    for size in bound.get("normalized_shape") or ():
+        width *= int(size)
+    rows = source.numel() // max(width, 1)
+    column_blocks = -(-width // 32)
+    if not (rows > 64 * 1024 and width // 32 < sm_count // 2):
+        return []
+    gradients = [bool(mask[1])] + ([bool(mask[2]) and bound.get("bias") is not None] if name == "aten.native_layer_norm_backward" else [])
+    if not any(gradients):
+        return []
+    block_rows = min(32 * 1024 // column_blocks, -(-rows // 32))
+    partial = torch.empty(block_rows, width, dtype=weight.dtype, device="meta")
+    result = torch.empty(width, dtype=weight.dtype, device="meta")
+    staging = reduction_scratch("aten.sum", torch.ops.aten.sum.dim_IntList, (partial, [0]), {}, result, sm_count, capability)
+    buffers = [block_rows * width * weight.element_size()] * sum(gradients)
+    return [size for size in (*buffers, width * weight.element_size(), *staging) if size]
 
 
 def embedding_backward_scratch(func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
