@@ -13,6 +13,10 @@ segment from the model's set-up on (``torch.cuda.memory._record_memory_history``
     python benchmarks/capture_scratch.py OUT.json [WORKLOAD,...]
 
 prints, per workload, the ops whose scratch the engine misses or overstates by more than 1 MiB.
+Beside the gpu-truth workloads, ``PROBES``: small steps that each exercise one kind of kernel
+scratch over several shapes (cuDNN's RNN workspace by hidden size, sequence, batch, layers and
+cell; cuDNN convolution workspaces; memory-efficient attention; embedding and layer-norm
+backward passes), so that one GPU session measures what the engine's models need.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu_truth
 from pytest_modelprof.engine.targets.calibrate import training_step
-from pytest_modelprof.engine.targets.scratch import reduction_scratch
+from pytest_modelprof.engine.targets.scratch import kernel_scratch
 
 MiB = 1 << 20
 
@@ -58,7 +62,7 @@ class PerOp(TorchDispatchMode):
         out = func(*args, **kwargs)
         peak, after = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
         name = f"aten.{func.overloadpacket.__name__}"
-        modelled = sum(reduction_scratch(name, func, args, kwargs, out, *self.gpu))
+        modelled = sum(kernel_scratch(name, func, args, kwargs, out, *self.gpu))
         self.rows.append(
             {
                 "op": str(func),
@@ -73,9 +77,82 @@ class PerOp(TorchDispatchMode):
         return out
 
 
+class _Recurrent(torch.nn.Module):
+    def __init__(self, cell: str, inputs: int, hidden: int, layers: int, bidirectional: bool) -> None:
+        super().__init__()
+        self.rnn = getattr(torch.nn, cell)(inputs, hidden, layers, batch_first=True, bidirectional=bidirectional)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.rnn(x)[0]
+        return out
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, width: int, heads: int, masked: bool) -> None:
+        super().__init__()
+        self.qkv, self.heads, self.masked = torch.nn.Linear(width, 3 * width, bias=False), heads, masked
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril() if self.masked else None
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.transpose(1, 2).reshape(b, t, c)
+
+
+def _spec(build: Any, shape: tuple[int, ...], autocast: torch.dtype | None = None, optimizer: str = "adamw") -> tuple[Any, ...]:
+    """capture.py's spec of a training step on a random fp32 input of ``shape``."""
+    return (build, lambda dev, dt: torch.randn(*shape, device=dev), True, None, autocast, optimizer)
+
+
+def _recurrent(cell: str, hidden: int, layers: int, sequence: int, batch: int, bidirectional: bool = False) -> tuple[Any, ...]:
+    return _spec(lambda: _Recurrent(cell, 512, hidden, layers, bidirectional), (batch, sequence, 512), optimizer="adam")
+
+
+def _convolutions() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        *(torch.nn.Conv2d(c, d, k, padding=k // 2) for c, d, k in [(3, 64, 7), (64, 64, 3), (64, 128, 1), (128, 128, 3)])
+    )
+
+
+# name: capture.py's spec (builder, inputs, train, model dtype, autocast dtype, optimizer)
+PROBES: dict[str, tuple[Any, ...]] = {
+    **{
+        f"probe-{cell.lower()}{layers}x{hidden}-s{sequence}-b{batch}{'-bi' if bi else ''}": _recurrent(
+            cell, hidden, layers, sequence, batch, bi
+        )
+        for cell, hidden, layers, sequence, batch, bi in [
+            ("LSTM", 1024, 2, 256, 32, False),  # the gpu-truth LSTM's shapes, alone
+            ("LSTM", 1024, 1, 256, 32, False),
+            ("LSTM", 1024, 3, 256, 32, False),
+            ("LSTM", 1024, 2, 128, 32, False),
+            ("LSTM", 1024, 2, 256, 16, False),
+            ("LSTM", 512, 2, 256, 32, False),
+            ("LSTM", 256, 2, 256, 32, False),
+            ("LSTM", 1024, 2, 256, 32, True),
+            ("GRU", 1024, 2, 256, 32, False),
+            ("RNN", 1024, 2, 256, 32, False),
+        ]
+    },
+    "probe-conv-b64-fp32-sgdm": _spec(_convolutions, (64, 3, 56, 56), optimizer="sgdm"),
+    "probe-attention-fp32": _spec(lambda: _Attention(512, 8, False), (4, 1000, 512)),
+    "probe-attention-masked-autocast_bf16": _spec(lambda: _Attention(512, 8, True), (4, 1000, 512), torch.bfloat16),
+    "probe-attention-head128-fp32": _spec(lambda: _Attention(1024, 8, False), (2, 777, 1024)),
+    "probe-embedding-8192": (
+        lambda: torch.nn.Embedding(50000, 768),
+        lambda dev, dt: torch.randint(0, 50000, (16, 512), device=dev),
+        True,
+        None,
+        None,
+        "adamw",
+    ),
+    "probe-layernorm-70000x512": _spec(lambda: torch.nn.LayerNorm(512), (70000, 512)),
+}
+
+
 def run_one(name: str) -> dict[str, Any]:
     module = gpu_truth.capture()
-    build, make_x, train, dtype, autocast, opt_name = module.SHARED[name]
+    build, make_x, train, dtype, autocast, opt_name = {**module.SHARED, **PROBES}[name]
     torch.manual_seed(0)
     # every allocation and free from here on, the set-up included (no stack traces: cheap)
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
@@ -113,7 +190,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("capture_scratch.py measures a real GPU: no CUDA device here")
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-scratch.json")
-    names = sorted(gpu_truth.records())
+    names = sorted(gpu_truth.records()) + list(PROBES)
     if len(sys.argv) > 2:
         names = [n for n in names if n in sys.argv[2].split(",")]
     rows = []
