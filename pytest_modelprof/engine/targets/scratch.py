@@ -197,12 +197,12 @@ EFFICIENT_BACKWARD = {"aten._scaled_dot_product_efficient_attention_backward": T
 _SMALL_SHARED_MEMORY = {(7, 5), (8, 6), (8, 7), (8, 9), (12, 0), (12, 1)}
 # the backward kernels ATen tries in turn for sm_80 and later (mem_eff_attention/kernels/cutlassB.h),
 # the first that takes the head size wins: query rows per block, keys per block, largest head
-# size, and "large" (needs more shared memory than an sm_86/sm_89 block has) or "small" (offered
-# only there, and not with dropout)
+# size, and "large" (needs more shared memory than an sm_86/sm_89 block has) or "sm86" (offered
+# only on compute capability 8.6 and 8.9, and not with dropout)
 _BACKWARD_HALF = [
     (64, 64, 32, ""),
     (64, 64, 64, ""),
-    (128, 64, 96, "small"),
+    (128, 64, 96, "sm86"),
     (128, 128, 128, "large"),
     (64, 64, 128, ""),
     (128, 64, 65536, "large"),
@@ -222,7 +222,7 @@ def _efficient_backward_kernel(half: bool, head: int, capability: tuple[int, int
     """(query rows, keys, largest head size) of the backward kernel ATen launches."""
     small = tuple(capability) in _SMALL_SHARED_MEMORY
     for rows, keys, largest, memory in _BACKWARD_HALF if half else _BACKWARD_FLOAT:
-        if (memory == "large" and small) or (memory == "small" and (dropout or not small)):
+        if (memory == "large" and small) or (memory == "sm86" and (dropout or tuple(capability) not in ((8, 6), (8, 9)))):
             continue
         if largest >= head:
             return rows, keys, largest
