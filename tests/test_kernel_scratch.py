@@ -278,22 +278,25 @@ def test_deterministic_flash_backward_keeps_one_accumulator_per_split(monkeypatc
     assert flash_backward(2, 4, 256, 64)[1] == 14 * 2 * 256 * 4 * 64 * 4
 
 
+class Attention(nn.Module):
+    """Self-attention of 8 heads of 64 over a fused, bias-free projection of 512 features."""
+
+    def __init__(self, causal):
+        super().__init__()
+        self.qkv = nn.Linear(512, 1536, bias=False)
+        self.causal = causal
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 8, 64).permute(2, 0, 3, 1, 4)
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal).transpose(1, 2).reshape(b, t, c)
+
+
 def test_an_a100_training_step_holds_flash_attention_backward_accumulators(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.qkv = nn.Linear(512, 1536, bias=False)
-
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = self.qkv(x).view(b, t, 3, 8, 64).permute(2, 0, 3, 1, 4)
-            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
-
     with torch.device("meta"):
-        model = Attention()
+        model = Attention(causal=True)
     x = torch.empty(4, 1000, 512, device="meta")
     memory = profile(model, x, train=True, target="a100-80gb", autocast=torch.bfloat16).memory
     # at the attention's backward: the cuBLAS workspaces (8 MiB + 128 KiB per thread before Hopper,
@@ -387,19 +390,8 @@ def test_efficient_attention_forward_accumulates_wide_half_heads_in_float():
 
 def test_an_h100_fp32_training_step_holds_efficient_attention_workspace(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.qkv = nn.Linear(512, 1536, bias=False)
-
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = self.qkv(x).view(b, t, 3, 8, 64).permute(2, 0, 3, 1, 4)
-            return nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
-
     with torch.device("meta"):
-        model = Attention()
+        model = Attention(causal=False)
     memory = profile(model, torch.empty(4, 1000, 512, device="meta"), train=True, target="h100").memory
     # the cuBLAS workspaces of the two threads (32 MiB each on Hopper), and at the attention's
     # backward the kernel's moment: the row sums (4 x 8 x 1000 floats) and the query tiles, 16
