@@ -368,6 +368,8 @@ def test_half_precision_efficient_attention_backward_by_gpu():
     assert efficient_backward(2, 4, 256, 128, torch.bfloat16, gpu="l4") == [delta, 2 * 4 * (key_tiles + query_tiles) * 4]
     # head 96 on an L4: its own 128 x 64 kernel, in registers: 2 query blocks x 2 column blocks of 64
     assert efficient_backward(2, 4, 256, 96, torch.bfloat16, gpu="l4")[1] == 2 * 4 * (2 * 2 * (4 + 128 * 64)) * 4
+    # an empty batch runs no kernel
+    assert efficient_backward(0, 4, 256, 128, torch.bfloat16, gpu="l4") == []
     # with dropout that kernel is not offered: 64 x 64 again, dK and dV in the workspace
     with_dropout = efficient_backward(2, 4, 256, 96, torch.bfloat16, gpu="l4", dropout_p=0.1)[1]
     assert with_dropout == 2 * 4 * (4 * 64 * (128 + 128) + 4 * 2 * (4 + 64 * 64)) * 4
