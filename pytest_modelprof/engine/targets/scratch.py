@@ -127,7 +127,7 @@ def kernel_scratch(
     if name == "aten.convolution_backward":
         return convolution_bias_scratch(func, args, kwargs, out, sm_count, capability)
     if name in FLASH_BACKWARD:
-        return flash_backward_scratch(name, args, sm_count)
+        return flash_backward_scratch(name, func, args, kwargs, sm_count)
     if name in EFFICIENT_FORWARD or name in EFFICIENT_BACKWARD:
         return efficient_attention_scratch(name, func, args, kwargs, capability)
     if name == "aten.embedding_dense_backward":
@@ -159,17 +159,19 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def flash_backward_scratch(name: str, args: Any, sm_count: int) -> list[int]:
+def flash_backward_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any], sm_count: int) -> list[int]:
     """What FlashAttention-2's backward allocates beside its gradients (flash_api.cpp's ``mha_bwd``
     and ``mha_varlen_bwd``): the output and its gradient made contiguous where they are not; the
     softmax's row sums (``softmax_d``) and the query gradient's float accumulator (``dq_accum``,
     the query's sequence rounded up to 128 and its head size to 32, or 64 above 128; one per
     split of the SMs in deterministic mode); for grouped-query attention, the keys' and values'
     gradients for every query head before they are summed into their group."""
-    grad_out, query, key, _value, out = args[:5]
-    cumulative = args[6] if len(args) > 6 else None
-    if any(t.is_nested for t in (grad_out, query, key, out)):
+    bound = _bound(func, args, kwargs)
+    tensors: list[Any] = [bound.get(n) for n in ("grad_out", "query", "key", "out")]
+    if not all(isinstance(t, torch.Tensor) and not t.is_nested for t in tensors):
         return []
+    grad_out, query, key, out = tensors
+    cumulative = bound.get("cum_seq_q")
     if FLASH_BACKWARD[name]:  # (batch, heads, sequence, head) -> the kernel's (batch, sequence, heads, head)
         grad_out, query, key, out = (t.transpose(1, 2) for t in (grad_out, query, key, out))
     copies = [t.numel() * t.element_size() for t in (grad_out, out) if not t.is_contiguous()]
