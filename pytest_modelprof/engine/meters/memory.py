@@ -160,10 +160,7 @@ class MemoryMeter(Meter):
         if not isinstance(source, torch.Tensor) or local(source) is not source or (self._host_apart and source.device.type == "cpu"):
             return  # (a DTensor's op: its kernels run on its local shards)
         assert self._kernels is not None
-        sizes = [
-            -(-size // self.round_to) * self.round_to
-            for size in kernel_scratch(op.name, op.func, op.args, op.kwargs, op.out, *self._kernels)
-        ]
+        sizes = [self._rounded(size) for size in kernel_scratch(op.name, op.func, op.args, op.kwargs, op.out, *self._kernels)]
         if not sizes:
             return
         keys = []
@@ -227,8 +224,7 @@ class MemoryMeter(Meter):
             size = storage.nbytes()
             if self.events is not None:
                 self.events.append((address, size))
-            if self.round_to > 1:
-                size = -(-size // self.round_to) * self.round_to
+            size = self._rounded(size)
             self.live[address] = [size, category]
             self.totals[category] += size
             self.allocated += size
@@ -238,6 +234,10 @@ class MemoryMeter(Meter):
             self.totals[category] += entry[0]
             entry[1] = category
         return address
+
+    def _rounded(self, size: int) -> int:
+        """``size`` in whole allocation blocks (``round_to``)."""
+        return -(-size // self.round_to) * self.round_to
 
     def track_all(self, values: Any, category: int) -> None:
         for value in tree_flatten(values)[0]:
@@ -251,7 +251,7 @@ class MemoryMeter(Meter):
         if entry is None:
             self.track(tensor, UNSHARDED)
             return
-        size = -(-storage.nbytes() // self.round_to) * self.round_to
+        size = self._rounded(storage.nbytes())
         self.totals[entry[1]] -= entry[0]
         entry[0], entry[1] = size, UNSHARDED
         self.totals[UNSHARDED] += size
