@@ -22,20 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import gpu_truth
 from pytest_modelprof import profile
 from pytest_modelprof.engine.meters import memory as memory_meter
-from pytest_modelprof.engine.targets.allocator import CachingAllocatorModel
+from pytest_modelprof.engine.targets.allocator import reserved_bytes
 
 MiB = 1 << 20
-
-
-def first_step_reserved(history: list[tuple[Any, int]], first_events: int) -> int:
-    """Reserved bytes after the first ``first_events`` events of the allocator history."""
-    model = CachingAllocatorModel()
-    for key, size in history[:first_events]:
-        if size < 0:
-            model.free(key)
-        else:
-            model.allocate(key, size)
-    return model.reserved
 
 
 def main() -> None:
@@ -66,7 +55,7 @@ def main() -> None:
             record = records[name]
             peak = result.peak_memory_bytes / record["steady_step"]["max_allocated"]
             reserved = result.memory.estimates["reserved_bytes"] / record["steady_step"]["max_reserved"]
-            first = first_step_reserved(history, first_events) / MiB
+            first = reserved_bytes(history[:first_events]) / MiB
             measured_first = record["first_step"]["max_reserved"] / MiB
             print(f"{name:48s} {peak:6.3f} {reserved:9.3f}   {first:7.0f} / {measured_first:7.0f}  ({seconds:.1f} s)")
     finally:
