@@ -21,6 +21,12 @@ def scratch(x, dims, gpu="h100"):
     )
 
 
+def on_gpu(func, args=(), kwargs=None, out=None, gpu="h100"):
+    """What the op ``func`` allocates inside its call on ``gpu``, beside its outputs ``out``."""
+    spec = GPUS[gpu]
+    return kernel_scratch(f"aten.{func.overloadpacket.__name__}", func, args, kwargs or {}, out, spec.sm_count, spec.compute_capability)
+
+
 def bias_gradient(rows=8192, features=4096, dtype=torch.bfloat16):
     return torch.empty(rows, features, dtype=dtype, device="meta")
 
@@ -200,26 +206,13 @@ def test_a_channels_last_convolution_stages_its_bias_gradient():
     out = (grad, torch.empty(64, 64, 3, 3, device="meta"), torch.empty(64, device="meta"))
     args = (grad, grad, out[1], [64], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
     expected = [4 * 64 * 1568 * 16 * 4, 4]
-    assert kernel_scratch("aten.convolution_backward", torch.ops.aten.convolution_backward.default, args, {}, out, 132, (9, 0)) == expected
+    assert on_gpu(torch.ops.aten.convolution_backward.default, args, out=out) == expected
     # contiguous (NCHW): each channel's inputs are read along the lanes; a few blocks per channel meet in a small buffer
     dense = torch.empty(64, 64, 56, 56, device="meta")
-    small = kernel_scratch(
-        "aten.convolution_backward", torch.ops.aten.convolution_backward.default, (dense, *args[1:]), {}, out, 132, (9, 0)
-    )
+    small = on_gpu(torch.ops.aten.convolution_backward.default, (dense, *args[1:]), out=out)
     assert sum(small) < 64 * 1024
     # no bias: nothing summed
-    assert (
-        kernel_scratch(
-            "aten.convolution_backward",
-            torch.ops.aten.convolution_backward.default,
-            (*args[:-1], [True, True, False]),
-            {},
-            out,
-            132,
-            (9, 0),
-        )
-        == []
-    )
+    assert on_gpu(torch.ops.aten.convolution_backward.default, (*args[:-1], [True, True, False]), out=out) == []
 
 
 FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
@@ -251,7 +244,7 @@ def flash_backward(batch, heads, sequence, head, kv_heads=None, grad_out=None):
         None,
         None,
     )
-    return kernel_scratch("aten._scaled_dot_product_flash_attention_backward", FLASH_BACKWARD, args, {}, None, 108, (8, 0))
+    return on_gpu(FLASH_BACKWARD, args, gpu="a100-80gb")
 
 
 def test_flash_attention_backward_accumulates_the_query_gradient_in_float():
@@ -307,11 +300,7 @@ def test_an_a100_training_step_holds_flash_attention_backward_accumulators(monke
 
 def efficient(op, *tensors, gpu="h100", **arguments):
     """What memory-efficient attention's ``op`` allocates beside its outputs on ``gpu``."""
-    func = getattr(torch.ops.aten, op).default
-    names = [a.name for a in func._schema.arguments]
-    args = dict(zip(names, tensors))
-    args.update(arguments)
-    return kernel_scratch(f"aten.{op}", func, (), args, None, GPUS[gpu].sm_count, GPUS[gpu].compute_capability)
+    return on_gpu(getattr(torch.ops.aten, op).default, tensors, arguments, gpu=gpu)
 
 
 def heads_first(batch, heads, sequence, head, dtype=torch.float32):
@@ -410,8 +399,7 @@ def test_an_h100_fp32_training_step_holds_efficient_attention_workspace(monkeypa
 def embedding_backward(tokens, width, dtype=torch.float32, grad=None, scale_grad_by_freq=False):
     grad = grad if grad is not None else torch.empty(tokens, width, dtype=dtype, device="meta")
     indices = torch.empty(tokens, dtype=torch.long, device="meta")
-    func = torch.ops.aten.embedding_dense_backward.default
-    return kernel_scratch("aten.embedding_dense_backward", func, (grad, indices, 50000, -1, scale_grad_by_freq), {}, None, 132, (9, 0))
+    return on_gpu(torch.ops.aten.embedding_dense_backward.default, (grad, indices, 50000, -1, scale_grad_by_freq))
 
 
 def test_an_embedding_backward_sorts_its_indices_and_sums_rows_in_float():
@@ -436,12 +424,11 @@ def norm_backward(rows, width, gpu="h100", rms=False):
     x = torch.empty(rows, width, device="meta")
     w = torch.empty(width, device="meta")
     stats = torch.empty(rows, 1, device="meta")
-    spec = GPUS[gpu]
     if rms:
         func, args = torch.ops.aten._fused_rms_norm_backward.default, (x, x, [width], stats, w, [True, True])
     else:
         func, args = torch.ops.aten.native_layer_norm_backward.default, (x, x, [width], stats, stats, w, w, [True, True, True])
-    return kernel_scratch(f"aten.{func.__name__.split('.')[0]}", func, args, {}, None, spec.sm_count, spec.compute_capability)
+    return on_gpu(func, args, gpu=gpu)
 
 
 def test_layer_norm_backward_over_many_narrow_rows_sums_per_block_of_rows_first():
