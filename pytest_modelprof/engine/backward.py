@@ -51,6 +51,7 @@ from .errors import ProfileError
 _peek_sequence_nr = torch.autograd._get_sequence_nr  # type: ignore[attr-defined]
 _current_graph_task_id = torch._C._current_graph_task_id
 _current_autograd_node = torch._C._current_autograd_node
+_COPY_SLICES = "torch::autograd::CopySlices"
 
 
 class _State:
@@ -85,22 +86,39 @@ class SavedTensors:
     """Saved-tensor hooks' pack and unpack that let :func:`run_backward` release what a node saved.
 
     A node's sequence number is taken when it is made, just before autograd saves its
-    tensors, so the tensors packed now belong to the node numbered one below the next; but an
-    in-place op whose backward needs its input's old value saves a clone of it, made (with a
-    node of its own) after the op's node: a clone made by the node just numbered belongs to the
-    one before. The holders are followed weakly: what a node that dies unrun saved (a branch
-    whose output the step drops) is freed with it, as autograd frees it.
+    tensors, so the tensors packed now belong to the node numbered one below the next, with
+    the exceptions of in-place ops (torch/csrc/autograd's generated VariableType kernels and
+    ``rebase_history``):
+
+    - an in-place op whose backward needs its input's old value saves a clone of it, made
+      (with a node of its own) after the op's node: a clone made by the node just numbered
+      belongs to the one before;
+    - an in-place op on a view is wrapped in a ``CopySlices`` node, numbered after it, which
+      the pass runs (and whose release releases the op's node); an output such an op saves
+      is saved after autograd has remade the view's own node (``AsStridedBackward0``, or the
+      view ops replayed), so a view whose node was just made, and whose base's node is a
+      ``CopySlices``, belongs to that ``CopySlices``.
+
+    The holders are followed weakly: what a node that dies unrun saved (a branch whose output
+    the step drops) is freed with it, as autograd frees it.
     """
 
     def __init__(self) -> None:
         self._by_node: dict[int, list[weakref.ref[_Holder]]] = {}
+        self._clones: set[int] = set()  # the numbers of the nodes of in-place ops' clones
 
     def pack(self, tensor: torch.Tensor) -> _Holder:
         holder = _Holder(tensor)
         owner = _peek_sequence_nr() - 1
         made_by = tensor.grad_fn
-        if made_by is not None and made_by._sequence_nr() == owner and made_by.name() == "CloneBackward0":
-            owner -= 1  # an in-place op's clone of its input's old value
+        if made_by is not None and made_by._sequence_nr() == owner:
+            if made_by.name() == "CloneBackward0":  # an in-place op's clone of its input's old value
+                self._clones.add(owner)
+                owner -= 1
+            elif tensor._is_view():
+                base = tensor._base.grad_fn
+                if base is not None and base.name() == _COPY_SLICES:  # the output of an in-place op on a view
+                    owner = base._sequence_nr()
         self._by_node.setdefault(owner, []).append(weakref.ref(holder))
         return holder
 
@@ -111,10 +129,19 @@ class SavedTensors:
         return holder.tensor
 
     def release(self, node: Any) -> None:
-        for reference in self._by_node.pop(node._sequence_nr(), ()):
-            holder = reference()
-            if holder is not None:
-                holder.tensor = None
+        """Empty what ``node`` saved (for a ``CopySlices``, also what the in-place op it wraps saved,
+        numbered just before it, or before that op's clone)."""
+        number = node._sequence_nr()
+        numbers = [number]
+        if node.name() == _COPY_SLICES:
+            wrapped = number - 1
+            numbers.append(wrapped - 1 if wrapped in self._clones else wrapped)
+        for owner in numbers:
+            self._clones.discard(owner + 1)
+            for reference in self._by_node.pop(owner, ()):
+                holder = reference()
+                if holder is not None:
+                    holder.tensor = None
 
 
 class HookGuard(TorchFunctionMode):
