@@ -115,7 +115,7 @@ class SavedTensors:
             if made_by.name() == "CloneBackward0":  # an in-place op's clone of its input's old value
                 self._clones.add(owner)
                 owner -= 1
-            elif tensor._is_view():
+            elif tensor._base is not None:
                 base = tensor._base.grad_fn
                 if base is not None and base.name() == _COPY_SLICES:  # the output of an in-place op on a view
                     owner = base._sequence_nr()
