@@ -445,3 +445,16 @@ def test_layer_norm_backward_over_many_narrow_rows_sums_per_block_of_rows_first(
     assert norm_backward(70000, 66 * 32) == []  # H100: 132 SMs
     assert norm_backward(70000, 54 * 32, gpu="a100-80gb") == []  # 108 SMs
     assert norm_backward(70000, 53 * 32, gpu="a100-80gb")[0] == min(32768 // 53, -(-70000 // 32)) * 53 * 32 * 4
+
+
+def test_cudnns_grid_sampler_copies_a_strided_grid_and_an_expanded_input():
+    forward, backward = torch.ops.aten.cudnn_grid_sampler.default, torch.ops.aten.cudnn_grid_sampler_backward.default
+    x = torch.empty(2, 8, 16, 16, device="meta")
+    grid = torch.empty(2, 2, 5, 7, device="meta").permute(0, 2, 3, 1)  # channels-last coordinates
+    assert on_gpu(forward, (x, grid.contiguous())) == []
+    assert on_gpu(forward, (x, grid)) == [2 * 5 * 7 * 2 * 4]  # grid.contiguous()
+    expanded = torch.empty(1, 8, 16, 16, device="meta").expand(2, -1, -1, -1)  # stride 0: contiguous() copies it
+    grad = torch.empty(2, 8, 5, 7, device="meta")
+    assert on_gpu(backward, (expanded, grid.contiguous(), grad)) == [2 * 8 * 16 * 16 * 4]
+    single = torch.empty(1, 8, 5, 7, device="meta").as_strided((1, 8, 5, 7), (0, 35, 7, 1))  # stride 0 of a size-1 dim
+    assert on_gpu(backward, (x[:1], grid[:1].contiguous(), single)) == []  # contiguous already: no copy

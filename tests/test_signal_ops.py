@@ -58,6 +58,20 @@ def test_grid_sample_by_hand(mode, per_element):
     assert flops_of(result, "aten.grid_sampler_2d_backward") == 2 * per_element * 3 * locations + 3 * 2 * locations
 
 
+@pytest.mark.parametrize(("align_corners", "op"), [(True, "aten.cudnn_grid_sampler"), (False, "aten.grid_sampler_2d")])
+def test_grid_sample_on_a_cuda_target_by_hand(align_corners, op):
+    # CUDA hands bilinear, zero-padded, corner-aligned 2-d sampling to cuDNN, whose backward
+    # always makes both gradients; the count is the same as grid_sampler_2d's
+    x = torch.randn(2, 3, 16, 16, requires_grad=True)
+    grid = (torch.rand(2, 5, 7, 2) * 2 - 1).requires_grad_()
+    model = Fn(lambda a, g: F.grid_sample(a, g, align_corners=align_corners))
+    result = profile(model, (x, grid), train=True, device="meta", target="h100")
+    assert result.uncounted == {}
+    locations = 2 * 5 * 7
+    assert flops_of(result, op) == 7 * 3 * locations + 3 * 2 * locations
+    assert flops_of(result, op + "_backward") == 2 * 7 * 3 * locations + 3 * 2 * locations
+
+
 def test_grid_sample_3d_by_hand():
     x, grid = torch.randn(1, 4, 6, 6, 6), torch.rand(1, 3, 3, 3, 3) * 2 - 1
     result = profile(Fn(lambda a, g: F.grid_sample(a, g, align_corners=True)), (x, grid))

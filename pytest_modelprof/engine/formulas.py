@@ -1016,6 +1016,18 @@ for _dims in (2, 3):
     _set(f"grid_sampler_{_dims}d_backward", _grid_sampler(_dims, backward=True))
 
 
+# cuDNN's sampler (what grid_sample runs on CUDA for bilinear, zero-padded, corner-aligned 2-d
+# sampling): as grid_sampler_2d's bilinear mode; its backward always makes both gradients
+@_register("cudnn_grid_sampler")
+def cudnn_grid_sampler(x: torch.Tensor, grid: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(_GRID_SAMPLE[(2, 0)] * grid.numel() // 2 * x.shape[1] + 3 * grid.numel())
+
+
+@_register("cudnn_grid_sampler_backward")
+def cudnn_grid_sampler_backward(x: torch.Tensor, grid: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(2 * _GRID_SAMPLE[(2, 0)] * grid.numel() // 2 * x.shape[1] + 3 * grid.numel())
+
+
 # FFTs: 5 N log2 N real FLOPs per complex transform of N points (radix-2 Cooley-Tukey, the
 # convention of FFTW's benchmarks), N the product of the transformed dims; half of that for a
 # transform of real input or to real output; a normalisation scales each output element once

@@ -377,8 +377,25 @@ def _masked_softmax_meta(x: torch.Tensor, mask: torch.Tensor, dim: int | None = 
     return torch.empty_like(x)
 
 
-# meta kernels of the CUDA ops the fused paths call that PyTorch has none for
-_META = {"_transform_bias_rescale_qkv": _transform_bias_rescale_qkv_meta, "_masked_softmax": _masked_softmax_meta}
+def _cudnn_grid_sampler_meta(input: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """aten/src/ATen/native/cudnn/GridSampler.cpp: a contiguous [N, C, H_out, W_out] output."""
+    return input.new_empty((input.shape[0], input.shape[1], grid.shape[1], grid.shape[2]))
+
+
+def _cudnn_grid_sampler_backward_meta(input: torch.Tensor, grid: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both gradients, always (cuDNN has no output mask), contiguous."""
+    return input.new_empty(input.shape), grid.new_empty(grid.shape)
+
+
+# meta kernels of the CUDA ops that PyTorch has none for: those of the fused paths, and cuDNN's
+# grid sampler, which ``grid_sample`` calls on CUDA for bilinear, zero-padded, corner-aligned 2-d
+# sampling (aten/src/ATen/native/GridSampler.cpp, ``grid_sampler``)
+_META = {
+    "_transform_bias_rescale_qkv": _transform_bias_rescale_qkv_meta,
+    "_masked_softmax": _masked_softmax_meta,
+    "cudnn_grid_sampler": _cudnn_grid_sampler_meta,
+    "cudnn_grid_sampler_backward": _cudnn_grid_sampler_backward_meta,
+}
 
 
 RNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  # cuDNN's modes

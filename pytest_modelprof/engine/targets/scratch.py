@@ -38,6 +38,8 @@ weight's and bias's gradients summed per block of rows first, then over the bloc
 **An embedding's backward pass** (:func:`embedding_backward_scratch`): sorting the indices and
 the float partial sums of the rows they pick, one row per index.
 
+**cuDNN's grid sampler** (:func:`grid_sampler_scratch`): contiguous copies of its arguments.
+
 **Recurrent layers** (:func:`rnn_scratch`): the layout copies and zeros ATen makes around
 cuDNN's calls. cuDNN's own RNN workspace is sized by cuDNN at run time and not included.
 """
@@ -134,6 +136,8 @@ def kernel_scratch(
         return embedding_backward_scratch(func, args, kwargs)
     if name in ("aten.native_layer_norm_backward", "aten._fused_rms_norm_backward"):
         return norm_backward_scratch(name, func, args, kwargs, sm_count, capability)
+    if name in ("aten.cudnn_grid_sampler", "aten.cudnn_grid_sampler_backward"):
+        return grid_sampler_scratch(func, args, kwargs)
     return rnn_scratch(name, func, args, kwargs)
 
 
@@ -352,6 +356,22 @@ def embedding_backward_scratch(func: Any, args: Any, kwargs: dict[str, Any]) -> 
     sorting = [index_bytes, index_bytes] + ([index_bytes] if scaled else [])
     summing = [index_bytes, 8, index_bytes, index_bytes, 8, index_bytes, count * width * partial]
     return [size for size in (*copies, *sorting, *summing) if size]
+
+
+def grid_sampler_scratch(func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
+    """The copies cuDNN's grid sampler makes of its arguments (aten/src/ATen/native/cudnn/GridSampler.cpp):
+    the grid made contiguous, the input (and in the backward pass the output's gradient) made
+    contiguous where a stride is 0 (``contiguousIfZeroInStrides``: an expanded tensor)."""
+    bound = _bound(func, args, kwargs)
+    copies = []
+    for argument in ("self", "grid", "grad_output"):
+        tensor = bound.get(argument)
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        copied = not tensor.is_contiguous() and (argument == "grid" or 0 in tensor.stride())
+        if copied:
+            copies.append(tensor.numel() * tensor.element_size())
+    return copies
 
 
 def reduction_scratch(
