@@ -124,3 +124,29 @@ def test_a_cuda_target_runs_recurrent_layers_under_autocast():
     weights = sum(p.numel() for p in lstm.parameters())
     assert result.op("aten._to_copy", "forward").calls >= len(list(lstm.parameters()))
     assert result.memory.category_max["activations"] >= weights * 2  # the bf16 copies, kept for the backward pass
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    ("cell", "op", "gates", "backward_per_unit", "bias_sums"),
+    [
+        # LSTM backward per hidden unit (RNN.cu): tanh(c') and the output gate's product 2, c's
+        # gradient 5, the gates' products 4, the four gate derivatives 3 each; one sum of the gates
+        (nn.LSTMCell, "aten._thnn_fused_lstm_cell", 4, 2 + 5 + 4 + 4 * 3, 1),
+        # GRU: the update gate's gradient 5, hx's 1, the new gate's 5, its hidden half's 1, the reset
+        # gate's 4; the input-side and hidden-side gate sums apart
+        (nn.GRUCell, "aten._thnn_fused_gru_cell", 3, 5 + 1 + 5 + 1 + 4, 2),
+    ],
+)
+def test_a_cuda_target_runs_cells_as_cudas_fused_kernels(cell, op, gates, backward_per_unit, bias_sums, bias):
+    result = profile(cell(I, H, bias=bias), torch.randn(N, I), train=True, target="h100")
+    assert result.uncounted == {}
+    assert result.forward_macs == N * gates * H * (I + H)  # the gates' two matrix products
+    units = N * H
+    # the gate halves summed, with both biases; then the cell (LSTM: 3 sigmoids, a tanh, c' = f*c + i*g,
+    # h' = o*tanh(c'); GRU by the same convention as nn.GRU's): 9 per hidden unit
+    assert result.op(op).flops == N * gates * H * (3 if bias else 1) + 9 * units
+    sums = bias_sums * N * gates * H if bias else 0
+    assert result.op(op + "_backward" + ("_impl" if cell is nn.LSTMCell else "")).flops == backward_per_unit * units + sums
+    # the CPU's unfused cell: the same matrix products
+    assert result.forward_macs == profile(cell(I, H, bias=bias), torch.randn(N, I)).forward_macs

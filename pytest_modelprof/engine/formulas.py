@@ -566,6 +566,39 @@ def cudnn_rnn_backward(
     return OpCost(2 * forward.flops, 2 * forward.macs)
 
 
+# The fused cells CUDA runs for nn.LSTMCell and nn.GRUCell (aten/src/ATen/native/cuda/RNN.cu), after
+# the two gate matmuls (counted as mm): forward as a recurrent layer's cell above (the sum of
+# the gate halves and biases, then the cell); backward as the kernels compute it, per hidden unit:
+# LSTM 23 (tanh(c') and the output gate's product 2, c's gradient 5, the gates' products 4, the
+# sigmoid and tanh derivatives 3 each), GRU 16 (the update gate's 5, hx's 1, the new gate's 5, its
+# hidden half's 1, the reset gate's 4); with biases, their gradients summed over the batch.
+FUSED_CELL_BACKWARD_FLOPS = {2: 23, 3: 16}  # LSTM, GRU
+
+
+def _fused_cell(mode: int) -> Formula:
+    def formula(input_gates: torch.Tensor, hidden_gates: torch.Tensor, state: torch.Tensor, *biases: Any, **__: Any) -> OpCost:
+        has_biases = any(isinstance(b, torch.Tensor) for b in biases)
+        return OpCost(input_gates.numel() * (1 + 2 * int(has_biases)) + state.numel() * RNN_CELL_FLOPS[mode])
+
+    return formula
+
+
+_set("_thnn_fused_lstm_cell", _fused_cell(2))
+_set("_thnn_fused_gru_cell", _fused_cell(3))
+
+
+@_register("_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_lstm_cell_backward")
+def fused_lstm_cell_backward(
+    grad_hy: Any, grad_cy: Any, cx: torch.Tensor, cy: torch.Tensor, workspace: torch.Tensor, has_bias: bool, **__: Any
+) -> OpCost:
+    return OpCost(cx.numel() * FUSED_CELL_BACKWARD_FLOPS[2] + (workspace.numel() if has_bias else 0))
+
+
+@_register("_thnn_fused_gru_cell_backward")
+def fused_gru_cell_backward(grad_hy: torch.Tensor, workspace: torch.Tensor, has_bias: bool, **__: Any) -> OpCost:
+    return OpCost(grad_hy.numel() * FUSED_CELL_BACKWARD_FLOPS[3] + (2 * 3 * grad_hy.numel() if has_bias else 0))
+
+
 # ---------------------------------------------------------------- elementwise
 
 # FLOPs per output element of elementwise kernels (in-place variants share them).

@@ -21,7 +21,10 @@ answered here from the target's :class:`~.gpus.GPUSpec`:
   H100 (per step and sequence: each layer's four gates and cell state, and the output of
   every layer but the last: 369,099,008 bytes for 2 layers of 1024, 256 steps of 32, fp32;
   GRU and plain RNN by the same structure, unmeasured). The weights' gradients come in one
-  buffer, as cuDNN writes them.
+  buffer, as cuDNN writes them. The cells (``nn.LSTMCell``, ``nn.GRUCell``) run their gates'
+  elementwise part as one fused kernel (``_thnn_fused_lstm_cell``, ``_thnn_fused_gru_cell``)
+  chosen by device type alone; their outputs and the workspace they keep for the backward
+  pass are made here where PyTorch has no working meta kernel.
 - **the fused inference paths** of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``
   (torch/nn/modules/activation.py, transformer.py): in eval mode without autograd they call
   ``torch._native_multi_head_attention`` and ``torch._transformer_encoder_layer_fwd`` unless a
@@ -387,14 +390,43 @@ def _cudnn_grid_sampler_backward_meta(input: torch.Tensor, grid: torch.Tensor, g
     return input.new_empty(input.shape), grid.new_empty(grid.shape)
 
 
-# meta kernels of the CUDA ops that PyTorch has none for: those of the fused paths, and cuDNN's
-# grid sampler, which ``grid_sample`` calls on CUDA for bilinear, zero-padded, corner-aligned 2-d
-# sampling (aten/src/ATen/native/GridSampler.cpp, ``grid_sampler``)
+GRU_WORKSPACE = 5  # what the fused GRU cell keeps per hidden unit: 3 gates, hx, and hn + its bias
+
+
+def _fused_gru_cell_meta(
+    input_gates: torch.Tensor, hidden_gates: torch.Tensor, hx: torch.Tensor, *biases: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten/src/ATen/native/cuda/RNN.cu, ``_thnn_fused_gru_cell_cuda``: hy and the workspace."""
+    batch, hidden = hx.shape
+    return torch.empty_like(hx, memory_format=torch.contiguous_format), hx.new_empty((batch, GRU_WORKSPACE * hidden))
+
+
+def _fused_gru_cell_backward_meta(grad_hy: torch.Tensor, workspace: torch.Tensor, has_bias: bool) -> tuple[torch.Tensor | None, ...]:
+    """The gates' gradients (input and hidden side), hx's, and the biases' (the gates' sums)."""
+    batch, hidden = workspace.shape[0], workspace.shape[1] // GRU_WORKSPACE
+    gates = (workspace.new_empty((batch, 3 * hidden)), workspace.new_empty((batch, 3 * hidden)))
+    biases = (workspace.new_empty((3 * hidden,)), workspace.new_empty((3 * hidden,))) if has_bias else (None, None)
+    return (*gates, torch.empty_like(grad_hy, memory_format=torch.contiguous_format), *biases)
+
+
+def _input_gradient_meta(grad_output: torch.Tensor, self: torch.Tensor, *_: Any) -> torch.Tensor:
+    return torch.empty_like(self, memory_format=torch.contiguous_format)
+
+
+# meta kernels of the CUDA ops that PyTorch has none for: those of the fused paths; cuDNN's grid
+# sampler, which ``grid_sample`` calls on CUDA for bilinear, zero-padded, corner-aligned 2-d sampling
+# (aten/src/ATen/native/GridSampler.cpp, ``grid_sampler``); the fused GRU cell ``nn.GRUCell`` runs
+# on CUDA (aten/src/ATen/native/RNN.cpp); backward kernels whose gradient has the input's shape
 _META = {
     "_transform_bias_rescale_qkv": _transform_bias_rescale_qkv_meta,
     "_masked_softmax": _masked_softmax_meta,
     "cudnn_grid_sampler": _cudnn_grid_sampler_meta,
     "cudnn_grid_sampler_backward": _cudnn_grid_sampler_backward_meta,
+    "_thnn_fused_gru_cell": _fused_gru_cell_meta,
+    "_thnn_fused_gru_cell_backward": _fused_gru_cell_backward_meta,
+    "multi_margin_loss_backward": _input_gradient_meta,
+    "multilabel_margin_loss_backward": _input_gradient_meta,
+    "fractional_max_pool3d_backward": _input_gradient_meta,
 }
 
 
@@ -449,7 +481,8 @@ def reserve_bytes(mode: int, seq: int, batch: int, hidden: int, layers: int, dir
 
 
 class CudnnRnn(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Outputs of ``aten._cudnn_rnn`` and its backward as cuDNN makes them (fake tensors only).
+    """Outputs of ``aten._cudnn_rnn`` and its backward as cuDNN makes them, and of the fused LSTM
+    cell (fake tensors only).
 
     The backward node clones the reserve unless the engine has told it that its saved
     tensors will be released (``will_release_variables``, which the Python backward pass
@@ -470,6 +503,11 @@ class CudnnRnn(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return self._backward(*args, **kwargs)
         if func is aten.clone.default and self._reserves.get(id(args[0])) is args[0] and in_backward():
             return args[0]
+        if func is aten._thnn_fused_lstm_cell.default:
+            # nn.LSTMCell's fused kernel (RNN.cu): hy, cy and the activated gates, kept for the
+            # backward pass (PyTorch's meta kernel fails for a cell without biases)
+            input_gates, cx = args[0], args[2]
+            return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (cx, cx, input_gates))
         return func(*args, **kwargs)
 
     @staticmethod
