@@ -235,6 +235,15 @@ def meta_kernels(kernels: Mapping[str, Any]) -> Iterator[None]:
         library._destroy()  # type: ignore[no-untyped-call]
 
 
-def fused_step_meta_kernels() -> Any:
-    """For an analytic run: meta kernels of the fused optimizer steps that have none (see ``_FUSED_STEPS``)."""
-    return meta_kernels(dict.fromkeys(_FUSED_STEPS, _no_op))
+def _ctc_loss_backward_meta(grad: torch.Tensor, log_probs: torch.Tensor, *_: Any) -> torch.Tensor:
+    """CTC's gradient: the log-probabilities' shape, contiguous (``at::full_like(log_probs, -inf)``)."""
+    return torch.empty_like(log_probs, memory_format=torch.contiguous_format)
+
+
+def analytic_meta_kernels() -> Any:
+    """For an analytic run: meta kernels of ops PyTorch has none for, whose fake run would fall back to
+    their real kernels on zero-filled copies of their inputs (on a GPU for CUDA tensors): the fused
+    optimizer steps (see ``_FUSED_STEPS``) and CTC's backward."""
+    kernels: dict[str, Any] = dict.fromkeys(_FUSED_STEPS, _no_op)
+    kernels.update(dict.fromkeys(("_ctc_loss_backward", "_ctc_loss_backward.Tensor"), _ctc_loss_backward_meta))
+    return meta_kernels(kernels)

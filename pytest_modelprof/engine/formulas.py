@@ -599,6 +599,37 @@ def fused_gru_cell_backward(grad_hy: torch.Tensor, workspace: torch.Tensor, has_
     return OpCost(grad_hy.numel() * FUSED_CELL_BACKWARD_FLOPS[3] + (2 * 3 * grad_hy.numel() if has_bias else 0))
 
 
+# CTC (aten/src/ATen/native/LossCTC.cpp, cuda/LossCTC.cu): dynamic programming over a lattice of
+# input steps x the target extended with blanks (2 L + 1 positions). Each forward variable is a
+# 3-way log-sum-exp of the previous step's plus a log-probability: 13 (2 comparisons for the max,
+# 3 subtractions, 3 exps, 2 adds, a log, adding back the max and the log-probability). The backward
+# pass computes the backward variables alike (13) and folds alpha + beta into the gradient of the
+# label each position holds with a 2-way log-sum-exp (9 with the sum); then each gradient element
+# is exp(lp) - exp(lcab + nll - lp), times the loss's gradient: 6. ATen's kernels span the padded
+# lattice (every sequence to the longest target, the shape of ``log_alpha``); cuDNN's, which also
+# makes the gradient in its forward pass, each sequence's own (concatenated targets: sum(2 L + 1)).
+CTC_CELL, CTC_GRADIENT_CELL, CTC_GRADIENT_ELEMENT = 13, 9, 6
+
+
+@_register("_ctc_loss")
+def ctc_loss(log_probs: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost | None:
+    if out_val is None:
+        return None
+    return OpCost(CTC_CELL * out_val[1].numel())
+
+
+@_register("_ctc_loss_backward")
+def ctc_loss_backward(grad: torch.Tensor, log_probs: torch.Tensor, *args: Any, out_val: Any = None, **__: Any) -> OpCost:
+    log_alpha = args[4]  # (targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, ...)
+    return OpCost((CTC_CELL + CTC_GRADIENT_CELL) * log_alpha.numel() + CTC_GRADIENT_ELEMENT * log_probs.numel())
+
+
+@_register("_cudnn_ctc_loss")
+def cudnn_ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    lattice = log_probs.shape[0] * (2 * targets.numel() + log_probs.shape[1])
+    return OpCost((2 * CTC_CELL + CTC_GRADIENT_CELL) * lattice + CTC_GRADIENT_ELEMENT * log_probs.numel())
+
+
 # ---------------------------------------------------------------- elementwise
 
 # FLOPs per output element of elementwise kernels (in-place variants share them).
@@ -1235,6 +1266,13 @@ METADATA = frozenset(
             overload
             for name in ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
             if (packet := getattr(torch.ops.profiler, name, None)) is not None
+            for overload in (getattr(packet, o) for o in packet.overloads())
+        ),
+        # which kernel CTC takes on CUDA: a question answered, not a computation
+        *(
+            overload
+            for name in ("_use_cudnn_ctc_loss", "_use_miopen_ctc_loss")
+            if (packet := getattr(aten, name, None)) is not None
             for overload in (getattr(packet, o) for o in packet.overloads())
         ),
     }

@@ -58,6 +58,8 @@ _SIZED_BY_VALUES = frozenset(
         aten.bincount.default,
     }
 )
+# CTC's forward (sized by the longest target, tagged as sized by values whatever its arguments)
+_CTC = frozenset(op for op in (getattr(aten._ctc_loss, name, None) for name in ("default", "Tensor")) if op is not None)
 # ops sized by their boolean masks alone (an index, masked_select), whatever their other operands hold
 _SIZED_BY_MASKS = frozenset({aten.index.Tensor, aten.masked_select.default})
 
@@ -124,6 +126,8 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return _on_cpu(func, self._real(args), self._real(kwargs))
         if known and tensors and func in _SIZED_BY_VALUES:
             return self._sized(func, args, kwargs, tensors[0].device)
+        if func in _CTC:
+            return self._ctc(func, args, kwargs)
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as error:
@@ -199,6 +203,25 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return made
 
         return tree_map(fake, real)
+
+    def _ctc(self, func: Any, args: Any, kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_ctc_loss``'s outputs, sized as its kernels size them (aten/src/ATen/native/LossCTC.cpp,
+        cuda/LossCTC.cu): the loss per sequence, and the forward variables ``log_alpha`` over the
+        input steps and the targets extended with blanks, for the longest target: ``targets.size(1)``
+        for padded targets, the largest of the lengths for concatenated ones (a value it must know)."""
+        bound = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+        log_probs, targets, lengths = bound["log_probs"], bound["targets"], bound["target_lengths"]
+        if targets.dim() == 2:
+            longest = targets.shape[1]
+        else:
+            value = self.value(lengths) if isinstance(lengths, torch.Tensor) else lengths
+            if value is None:
+                raise DynamicOutputShapeException(func)
+            with _disable_current_modes():
+                longest = max((int(n) for n in value.tolist()), default=0) if isinstance(value, torch.Tensor) else max(value, default=0)
+        steps, batch = log_probs.shape[0], log_probs.shape[1]
+        options = {"dtype": log_probs.dtype, "device": log_probs.device}
+        return torch.empty(batch, **options), torch.empty(batch, steps, 2 * longest + 1, **options)
 
     def _describe(self, func: Any) -> tuple[bool, tuple[tuple[int, str], ...]]:
         """Whether ``func``'s outputs have values to work out (not random, not uninitialised), and the

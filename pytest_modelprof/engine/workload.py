@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten
 from .backward import HookGuard, SavedTensors, run_backward
 from .distributed import Parallel, wait_for
 from .errors import ProfileError
-from .fake import RunTensors, choose_mode, fused_step_meta_kernels, run_tensors, tensors_in
+from .fake import RunTensors, analytic_meta_kernels, choose_mode, run_tensors, tensors_in
 from .modules import ModuleTracker
 from .routing import Routing
 from .targets.gpus import GPUSpec, gpu_spec
@@ -166,10 +166,11 @@ class Workload:
                 stack.enter_context(self.fake_mode)
                 stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
                 stack.enter_context(_dense_encoders(self.model))
-                stack.enter_context(fused_step_meta_kernels())
+                stack.enter_context(analytic_meta_kernels())
+                known = KnownValues(tensors.sources)  # values that follow from constants and inputs
                 if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
-                    stack.enter_context(CudaKernels(self.gpu))
-                stack.enter_context(KnownValues(tensors.sources))  # values that follow from constants and inputs
+                    stack.enter_context(CudaKernels(self.gpu, known.value))
+                stack.enter_context(known)
             if tensors.optimizer is not None and self.parallel is None:
                 _create_state(tensors.optimizer)
             if not self.set_to_none:  # gradients zeroed in place are resident from the start, as in later steps

@@ -36,6 +36,9 @@ answered here from the target's :class:`~.gpus.GPUSpec`:
   explicit path (projection, bias and scale of q, k and v in one kernel, two batched products,
   a softmax); the encoder layer's feed-forward block with its activation in the first
   product's epilogue.
+- **CTC**: ``ctc_loss`` asks ``_use_cudnn_ctc_loss`` whether cuDNN's kernel takes the call
+  (aten/src/ATen/native/cudnn/LossCTC.cpp), which reads the lengths: answered here from the
+  arguments and the lengths' known values.
 - **autocast**: ``torch.autocast("cuda")`` entered inside the model (and by activation
   checkpointing, which recomputes a block under the autocast state of its forward) disables
   itself where no CUDA device is present; on a target it is enabled as on that GPU
@@ -48,13 +51,14 @@ import contextlib
 import os
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..backward import HookGuard, in_backward
 from ..fake import meta_kernels
@@ -204,8 +208,9 @@ class CudaKernels:
     the backend's op (whose autograd formula runs its backward kernel), return its output.
     """
 
-    def __init__(self, gpu: GPUSpec) -> None:
+    def __init__(self, gpu: GPUSpec, values: Callable[[torch.Tensor], torch.Tensor | None] = lambda t: None) -> None:
         self.gpu = gpu
+        self.values = values  # the values the run knows (engine/values.py), for choices that read them
 
     def __enter__(self) -> CudaKernels:
         self._stock = F.scaled_dot_product_attention
@@ -216,7 +221,7 @@ class CudaKernels:
             stock = getattr(torch._VF, name)
             setattr(torch._VF, name, recurrent(stock, mode))
             self._exits.callback(delattr, torch._VF, name)
-        self._exits.enter_context(CudnnRnn())
+        self._exits.enter_context(CudnnRnn(self.values))
         self._exits.enter_context(_Functions(self))
         stock_check = torch.overrides.has_torch_function
         torch.overrides.has_torch_function = has_torch_function(stock_check)
@@ -409,6 +414,11 @@ def _fused_gru_cell_backward_meta(grad_hy: torch.Tensor, workspace: torch.Tensor
     return (*gates, torch.empty_like(grad_hy, memory_format=torch.contiguous_format), *biases)
 
 
+def _cudnn_ctc_loss_meta(log_probs: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """cuDNN's CTC: the loss per sequence, and the gradient, computed in the forward pass."""
+    return log_probs.new_empty((log_probs.shape[1],)), torch.empty_like(log_probs, memory_format=torch.contiguous_format)
+
+
 def _input_gradient_meta(grad_output: torch.Tensor, self: torch.Tensor, *_: Any) -> torch.Tensor:
     return torch.empty_like(self, memory_format=torch.contiguous_format)
 
@@ -424,11 +434,15 @@ _META = {
     "cudnn_grid_sampler_backward": _cudnn_grid_sampler_backward_meta,
     "_thnn_fused_gru_cell": _fused_gru_cell_meta,
     "_thnn_fused_gru_cell_backward": _fused_gru_cell_backward_meta,
+    "_cudnn_ctc_loss": _cudnn_ctc_loss_meta,
+    "_cudnn_ctc_loss.Tensor": _cudnn_ctc_loss_meta,
     "multi_margin_loss_backward": _input_gradient_meta,
     "multilabel_margin_loss_backward": _input_gradient_meta,
     "fractional_max_pool3d_backward": _input_gradient_meta,
 }
 
+
+_USE_MIOPEN_CTC = getattr(aten, "_use_miopen_ctc_loss", None)  # asked by ctc_loss on CUDA (newer releases)
 
 RNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  # cuDNN's modes
 _GATES = {0: 1, 1: 1, 2: 4, 3: 3}
@@ -489,9 +503,10 @@ class CudnnRnn(TorchDispatchMode):  # type: ignore[no-untyped-call]
     cannot call): that clone of a reserve is answered with the reserve itself.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, values: Callable[[torch.Tensor], torch.Tensor | None] = lambda t: None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._reserves: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        self._values = values
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -508,7 +523,45 @@ class CudnnRnn(TorchDispatchMode):  # type: ignore[no-untyped-call]
             # backward pass (PyTorch's meta kernel fails for a cell without biases)
             input_gates, cx = args[0], args[2]
             return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (cx, cx, input_gates))
+        if func.overloadpacket is aten._use_cudnn_ctc_loss:
+            return self._cudnn_ctc(func, *args, **kwargs)
+        if func.overloadpacket is _USE_MIOPEN_CTC:
+            return False  # ROCm's kernel: never on an NVIDIA GPU
         return func(*args, **kwargs)
+
+    def _cudnn_ctc(
+        self, func: Any, log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any, target_lengths: Any, blank: int
+    ) -> bool:
+        """Whether CUDA's ``ctc_loss`` takes cuDNN's kernel (aten/src/ATen/native/cudnn/LossCTC.cpp,
+        ``_use_cudnn_ctc_loss``): blank 0, fp32 log-probabilities, concatenated int32 targets, every
+        target shorter than 256 and no longer than its input; with lengths given as lists, the
+        targets on the CPU and every input the full length."""
+        tensors = func is aten._use_cudnn_ctc_loss.Tensor
+        use = (
+            torch.backends.cudnn.enabled
+            and blank == 0
+            and targets.dim() == 1
+            and log_probs.dtype == torch.float32
+            and targets.dtype == torch.int32
+            and log_probs.device.type == "cuda"
+            and targets.is_contiguous()
+            and log_probs.dim() == 3
+        )
+        if tensors:
+            use = use and input_lengths.dtype == target_lengths.dtype == torch.int32
+        else:
+            use = use and targets.device.type == "cpu"
+        if not use:
+            return False
+        if tensors:
+            known = [self._values(t) for t in (input_lengths, target_lengths)]
+            if any(k is None for k in known):
+                raise DataDependentOutputException(func)  # the choice reads the lengths: values the run lacks
+            with _disable_current_modes():
+                input_lengths, target_lengths = (k.tolist() for k in known if k is not None)
+        elif any(n != log_probs.shape[0] for n in input_lengths):
+            return False
+        return all(t < 256 and t <= i for t, i in zip(target_lengths, input_lengths))
 
     @staticmethod
     def _forward(

@@ -40,6 +40,8 @@ the float partial sums of the rows they pick, one row per index.
 
 **cuDNN's grid sampler** (:func:`grid_sampler_scratch`): contiguous copies of its arguments.
 
+**CTC** (:func:`ctc_scratch`): the backward pass's backward variables, and per-sequence offsets.
+
 **Recurrent layers** (:func:`rnn_scratch`): the layout copies and zeros ATen makes around
 cuDNN's calls. cuDNN's own RNN workspace is sized by cuDNN at run time and not included.
 """
@@ -138,6 +140,8 @@ def kernel_scratch(
         return norm_backward_scratch(name, func, args, kwargs, sm_count, capability)
     if name in ("aten.cudnn_grid_sampler", "aten.cudnn_grid_sampler_backward"):
         return grid_sampler_scratch(func, args, kwargs)
+    if name in ("aten._ctc_loss", "aten._ctc_loss_backward", "aten._cudnn_ctc_loss"):
+        return ctc_scratch(name, func, args, kwargs)
     return rnn_scratch(name, func, args, kwargs)
 
 
@@ -372,6 +376,27 @@ def grid_sampler_scratch(func: Any, args: Any, kwargs: dict[str, Any]) -> list[i
         if copied:
             copies.append(tensor.numel() * tensor.element_size())
     return copies
+
+
+def ctc_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
+    """What CTC's CUDA kernels allocate beside their outputs (aten/src/ATen/native/cuda/LossCTC.cu): each
+    sequence's target offset, target length and input length (int64); the backward pass's backward
+    variables, ``log_alpha``'s shape. cuDNN's (cudnn/LossCTC.cpp): the targets and lengths copied to
+    the GPU where they are on the CPU; its workspace is sized by cuDNN at run time and not included."""
+    bound = _bound(func, args, kwargs)
+    log_probs = bound["log_probs"]
+    if name == "aten._cudnn_ctc_loss":
+        targets, inputs, lengths = bound["targets"], bound["input_lengths"], bound["target_lengths"]
+        if not isinstance(inputs, torch.Tensor):
+            return []  # lengths as lists: cuDNN reads the targets where they are, on the CPU
+        # as written there: the target lengths are copied where the input lengths are on the CPU
+        copied = [t for t, cpu in ((targets, targets), (inputs, inputs), (lengths, inputs)) if cpu.device.type == "cpu"]
+        return [t.numel() * t.element_size() for t in copied if t.numel()]
+    per_sequence = [8 * log_probs.shape[1]] * 3
+    if name == "aten._ctc_loss":
+        return per_sequence
+    log_alpha = bound["log_alpha"]
+    return [*per_sequence, log_alpha.numel() * log_alpha.element_size()]
 
 
 def reduction_scratch(
