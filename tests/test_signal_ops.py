@@ -85,3 +85,45 @@ def test_binary_search_by_hand():
     assert flops_of(result, "aten.bucketize") == 100 * 5
     assert flops_of(result, "aten.searchsorted") == 100 * 5
     assert math.ceil(math.log2(32)) == 5
+
+
+def test_pdist_fold_and_affine_grid_by_hand():
+    x = torch.randn(6, 5, requires_grad=True)
+    result = profile(Fn(lambda a: F.pdist(a)), x, train=True)
+    pairs = 6 * 5 // 2
+    assert flops_of(result, "aten._pdist_forward") == 3 * pairs * 5 + pairs  # as cdist: 3 per feature, a root
+    assert flops_of(result, "aten._pdist_backward") == 4 * pairs * 5
+    columns = torch.randn(2, 3 * 9, 16)  # 3 channels x 3 x 3 windows, 4 x 4 positions
+    result = profile(Fn(lambda c: F.fold(c, (6, 6), 3)), columns)
+    assert flops_of(result, "aten.col2im") == 2 * 27 * 16  # each column element added into the image
+    theta = torch.randn(2, 2, 3)
+    result = profile(Fn(lambda t: F.affine_grid(t, (2, 3, 5, 7), align_corners=False)), theta)
+    # each of the 2 x 5 x 7 x 2 coordinates: a row of theta times (x, y, 1)
+    assert (flops_of(result, "aten.affine_grid_generator"), result.op("aten.affine_grid_generator").macs) == (2 * 70 * 3 * 2, 70 * 3 * 2)
+
+
+def test_scatter_reduce_unique_cummax_and_fractional_pooling_by_hand():
+    src, index = torch.randn(4, 10), torch.randint(0, 3, (4, 10))
+    for reduce, extra in (("amax", 0), ("mean", 3 * 10)):  # the mean divides each output
+        result = profile(Fn(lambda s: torch.zeros(3, 10).scatter_reduce(0, index, s, reduce)), src)
+        assert flops_of(result, "aten.scatter_reduce") == 40 + extra
+    values = torch.randint(0, 5, (64,))
+    result = profile(Fn(lambda v: torch.unique(v)), values)
+    assert flops_of(result, "aten._unique2") == 64 * 6 + 64  # sorted (n log2 n comparisons), neighbours compared
+    result = profile(Fn(lambda v: torch.cummax(v, -1)[0]), torch.randn(4, 100))
+    assert flops_of(result, "aten.cummax") == 400
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    result = profile(Fn(lambda a: F.fractional_max_pool2d(a, 2, output_size=(4, 4))), x, train=True)
+    outputs = 2 * 3 * 4 * 4
+    assert flops_of(result, "aten.fractional_max_pool2d") == outputs * 4  # a 2 x 2 window per output
+    assert flops_of(result, "aten.fractional_max_pool2d_backward") == outputs
+
+
+def test_special_functions_count_as_one_step_and_windows_as_creation():
+    x = torch.rand(4, 10) + 0.5
+    result = profile(Fn(lambda a: torch.lgamma(a) + torch.digamma(a) + torch.special.i0(a) + torch.special.i1(a)), x)
+    assert result.uncounted == {}
+    for op in ("aten.lgamma", "aten.digamma", "aten.i0", "aten.special_i1"):
+        assert flops_of(result, op) == 40
+    result = profile(Fn(lambda a: a[0] * torch.hann_window(10)), x)
+    assert result.uncounted == {} and flops_of(result, "aten.hann_window") == 0

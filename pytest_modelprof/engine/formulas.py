@@ -641,12 +641,18 @@ ELEMENTWISE: dict[str, int] = {
         pow floor ceil round trunc frac remainder fmod floor_divide eq ne lt le gt ge
         logical_not logical_and logical_or logical_xor bitwise_not bitwise_and bitwise_or
         bitwise_xor isnan isinf nan_to_num square copysign hypot xlogy special_xlog1py
-        heaviside signbit sinc threshold_backward""".split(),
+        heaviside signbit sinc threshold_backward digamma lgamma polygamma mvlgamma i0 igamma igammac
+        special_i0e special_i1 special_i1e special_ndtri special_log_ndtr special_erfcx special_entr
+        special_zeta special_bessel_j0 special_bessel_j1 special_bessel_y0 special_bessel_y1
+        special_modified_bessel_i0 special_modified_bessel_i1 special_modified_bessel_k0
+        special_modified_bessel_k1 special_scaled_modified_bessel_k0 special_scaled_modified_bessel_k1
+        special_spherical_bessel_j0 special_airy_ai""".split(),
         1,
     ),
     **dict.fromkeys(
         """clamp clip hardtanh relu6 silu glu _prelu_kernel prelu leaky_relu_backward
-        hardtanh_backward hardsigmoid_backward hardshrink hardshrink_backward softshrink_backward""".split(),
+        hardtanh_backward hardsigmoid_backward hardshrink hardshrink_backward softshrink_backward
+        rrelu_with_noise rrelu_with_noise_backward""".split(),
         2,
     ),
     **dict.fromkeys(
@@ -793,7 +799,8 @@ def nonzero(x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> int:
 # ---------------------------------------------------------------- reductions and softmax
 
 REDUCTION: dict[str, int] = {
-    **dict.fromkeys("sum mean nansum prod amax amin max min argmax argmin aminmax all any cumsum cumprod logcumsumexp".split(), 1),
+    **dict.fromkeys("sum mean nansum prod amax amin max min argmax argmin aminmax all any".split(), 1),
+    **dict.fromkeys("cumsum cumprod logcumsumexp cummax cummin".split(), 1),
     **dict.fromkeys("norm linalg_vector_norm".split(), 2),
     **dict.fromkeys("var std var_mean std_mean logsumexp".split(), 3),
 }
@@ -956,6 +963,9 @@ for _dims in (1, 2, 3):
     _set(f"avg_pool{_dims}d", _avg_pool(_dims))
     _set(f"avg_pool{_dims}d_backward", _avg_pool_backward(_dims))
 _set("mkldnn_max_pool2d", _max_pool(2))
+for _dims in (2, 3):  # (self, kernel_size, output_size, random_samples): one step per window element per output
+    _set(f"fractional_max_pool{_dims}d", _max_pool(_dims))
+    _set(f"fractional_max_pool{_dims}d_backward", _scatter_grad)
 
 
 def adaptive_window_elements(in_size: int, out_size: int) -> int:
@@ -1132,6 +1142,145 @@ def cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, *_: A
     return OpCost(4 * grad.numel() * x1.shape[-1])
 
 
+@_register("_pdist_forward")
+def pdist(x: torch.Tensor, p: float = 2.0, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # as cdist: each of the n (n - 1) / 2 pairs of rows, 3 per feature and a root
+    pairs = _first_tensor(out_val).numel()
+    root = pairs if p not in (0.0, 1.0, math.inf) else 0
+    return OpCost(3 * pairs * x.shape[-1] + root)
+
+
+@_register("_pdist_backward")
+def pdist_backward(grad: torch.Tensor, x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(4 * grad.numel() * x.shape[-1])
+
+
+@_register("col2im")
+def col2im(columns: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # fold: every column element added into its image position
+    return OpCost(columns.numel())
+
+
+@_register("affine_grid_generator")
+def affine_grid_generator(theta: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    # each output coordinate is a row of theta times the homogeneous base position (dims + 1 MACs)
+    return _matmul(_first_tensor(out_val).numel() * theta.shape[-1])
+
+
+@_register("scatter_reduce")
+def scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str, *_: Any, **__: Any) -> OpCost:
+    # each source element combined into its output position; the mean divides each output once
+    return OpCost(src.numel() + (x.numel() if reduce == "mean" else 0))
+
+
+@_register("_unique2", "unique_dim", "unique_consecutive")
+def unique(x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> int:
+    # sorted first (comparisons as sort's), then each element compared with its neighbour
+    n = x.numel()
+    return n * _log2(n) + n if n > 1 else 0
+
+
+# Dense linear algebra, as LAPACK's algorithms count (Golub & Van Loan, Matrix Computations, one
+# FLOP per floating-point add, multiply or divide), per matrix of the batch: n x n unless said.
+def _square(a: torch.Tensor) -> tuple[int, int]:
+    return math.prod(a.shape[:-2]), a.shape[-1]
+
+
+@_register("linalg_cholesky_ex", "cholesky")
+def cholesky(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, n = _square(a)
+    return OpCost(batch * n**3 // 3)
+
+
+@_register("linalg_lu_factor_ex", "linalg_lu")
+def lu_factor(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, (m, n) = math.prod(a.shape[:-2]), a.shape[-2:]
+    m, n = max(m, n), min(m, n)
+    return OpCost(batch * (m * n * n - n**3 // 3))  # 2n^3/3 for a square matrix
+
+
+# a solve with a factored matrix: each right-hand side column costs n^2 per triangle, so 2n (LU) or n
+# (one triangle) per element of the solution
+@_register("linalg_lu_solve")
+def lu_solve(lu: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(2 * lu.shape[-1] * _first_tensor(out_val).numel())
+
+
+@_register("lu_solve")
+def lu_solve_legacy(b: torch.Tensor, lu: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(2 * lu.shape[-1] * _first_tensor(out_val).numel())
+
+
+@_register("linalg_solve_triangular")
+def solve_triangular(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(a.shape[-1] * _first_tensor(out_val).numel())
+
+
+@_register("triangular_solve")
+def triangular_solve(b: torch.Tensor, a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    return OpCost(a.shape[-1] * _first_tensor(out_val).numel())
+
+
+@_register("_linalg_solve_ex")
+def solve(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, n = _square(a)
+    return OpCost(batch * (2 * n**3 // 3) + 2 * n * _first_tensor(out_val).numel())  # LU, then the two triangles
+
+
+@_register("linalg_inv_ex", "inverse")
+def inverse(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, n = _square(a)
+    return OpCost(batch * 2 * n**3)  # LU (2n^3/3) and the inverse from it (4n^3/3)
+
+
+@_register("_linalg_det", "_linalg_slogdet", "logdet")
+def determinant(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, n = _square(a)
+    return OpCost(batch * (2 * n**3 // 3 + n))  # LU, then the product of the diagonal
+
+
+# (what was computed is read from the outputs: PyTorch drops arguments equal to their defaults, and
+# computes vectors it may need for a gradient, which it assumes whenever a dispatch mode is active)
+@_register("linalg_qr")
+def qr(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, (m, n) = math.prod(a.shape[:-2]), a.shape[-2:]
+    q = out_val[0]
+    m, n = max(m, n), min(m, n)
+    r = 2 * n * n * (m - n // 3)  # Householder, 2n^2(m - n/3)
+    if q.numel() == 0:  # mode="r"
+        return OpCost(batch * r)
+    complete = q.shape[-1] > n
+    return OpCost(batch * (r + (4 * (m * m * n - m * n * n + n**3 // 3) if complete else r)))
+
+
+@_register("_linalg_eigh")
+def eigh(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, n = _square(a)
+    vectors = out_val[1].numel() > 0
+    return OpCost(batch * (9 * n**3 if vectors else 4 * n**3 // 3))  # tridiagonal QR
+
+
+@_register("linalg_eig", "_linalg_eigvals")
+def eig(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, n = _square(a)
+    vectors = isinstance(out_val, (tuple, list)) and len(out_val) > 1 and out_val[1].numel() > 0
+    return OpCost(batch * (25 if vectors else 10) * n**3)  # Hessenberg QR
+
+
+@_register("_linalg_svd")
+def svd(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    batch, (m, n) = math.prod(a.shape[:-2]), a.shape[-2:]
+    u, vh = out_val[0], out_val[2]
+    m, n = max(m, n), min(m, n)  # Golub-Kahan-Reinsch on the tall orientation
+    if u.numel() == 0:  # values only
+        flops = 4 * m * n * n - 4 * n**3 // 3
+    elif max(u.shape[-1], vh.shape[-2]) > n:  # full matrices
+        flops = 4 * m * m * n + 8 * m * n * n + 9 * n**3
+    else:
+        flops = 14 * m * n * n + 8 * n**3
+    return OpCost(batch * flops)
+
+
 # searchsorted, bucketize: a binary search of each value over the sorted boundaries
 @_register("searchsorted")
 def searchsorted(sorted_sequence: torch.Tensor, values: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
@@ -1231,6 +1380,8 @@ expand_copy permute_copy view_copy transpose_copy t_copy unsqueeze_copy squeeze_
 select_copy slice_copy split_copy alias_copy detach_copy _assert_async _assert_tensor_metadata
 _functional_assert_async sym_constrain_range_for_size lift lift_fresh_copy _has_compatible_shallow_copy_type
 _nested_tensor_from_mask _nested_tensor_from_mask_left_aligned to_padded_tensor _nested_from_padded _foreach_copy
+hann_window hamming_window blackman_window bartlett_window kaiser_window exponential geometric cauchy
+log_normal random multinomial max_unpool2d max_unpool3d
 """.split()
 
 DATA_MOVEMENT: frozenset[Any] = frozenset(
@@ -1268,6 +1419,7 @@ METADATA = frozenset(
             if (packet := getattr(torch.ops.profiler, name, None)) is not None
             for overload in (getattr(packet, o) for o in packet.overloads())
         ),
+        aten._linalg_check_errors.default,  # LAPACK's info codes checked: not computation
         # which kernel CTC takes on CUDA: a question answered, not a computation
         *(
             overload
