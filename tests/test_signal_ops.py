@@ -105,7 +105,7 @@ def test_pdist_fold_and_affine_grid_by_hand():
 def test_scatter_reduce_unique_cummax_and_fractional_pooling_by_hand():
     src, index = torch.randn(4, 10), torch.randint(0, 3, (4, 10))
     for reduce, extra in (("amax", 0), ("mean", 3 * 10)):  # the mean divides each output
-        result = profile(Fn(lambda s: torch.zeros(3, 10).scatter_reduce(0, index, s, reduce)), src)
+        result = profile(Fn(lambda s, reduce=reduce: torch.zeros(3, 10).scatter_reduce(0, index, s, reduce)), src)
         assert flops_of(result, "aten.scatter_reduce") == 40 + extra
     values = torch.randint(0, 5, (64,))
     result = profile(Fn(lambda v: torch.unique(v)), values)

@@ -1281,6 +1281,81 @@ def svd(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     return OpCost(batch * flops)
 
 
+# torchvision's detection ops (torchvision/csrc/ops), found by name: counting them needs no import of
+# torchvision. RoIAlign averages a sampling_ratio x sampling_ratio grid of bilinear samples per output
+# (4 weighted neighbours, 7, plus the accumulation, 1; one divide per output); its backward spreads
+# each gradient over the same neighbours (4 multiplies and 4 adds per sample); an adaptive grid
+# (sampling_ratio <= 0) follows the boxes' sizes, values an op's shapes do not give: uncounted.
+# NMS: the boxes sorted by score, their areas (3 each), and the IoU of every pair (12: 4 max/min,
+# 2 extents clamped at 0, the intersection, the union, the ratio, as CUDA's kernel computes the full
+# suppression mask). A deformable convolution: a convolution's MACs over columns sampled
+# bilinearly at the offset positions (7 per column element, 2 to offset its coordinates, 1 to apply
+# the mask), plus the bias; its backward, as a convolution's, twice its forward.
+NAMED: dict[str, Formula] = {}
+ROI_ALIGN_SAMPLE, NMS_PAIR = 8, 12
+
+
+def _roi_align(sampling_at: int, backward: bool) -> Formula:
+    def formula(*args: Any, out_val: Any = None, **__: Any) -> OpCost | None:
+        sampling_ratio = args[sampling_at]
+        if sampling_ratio <= 0:
+            return None
+        elements = args[0].numel() if backward else _first_tensor(out_val).numel()
+        return OpCost(elements * (sampling_ratio**2 * ROI_ALIGN_SAMPLE + 1))
+
+    return formula
+
+
+NAMED["torchvision.roi_align"] = _roi_align(5, backward=False)
+NAMED["torchvision.ps_roi_align"] = _roi_align(5, backward=False)
+NAMED["torchvision._roi_align_backward"] = _roi_align(9, backward=True)
+NAMED["torchvision._ps_roi_align_backward"] = _roi_align(6, backward=True)
+
+
+def _nms(boxes: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    n = boxes.shape[0]
+    return OpCost(n * _log2(n) + 3 * n + NMS_PAIR * (n * (n - 1) // 2) if n > 1 else 3 * n)
+
+
+NAMED["torchvision.nms"] = _nms
+
+
+def _deform_conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    offset: torch.Tensor,
+    mask: torch.Tensor,
+    bias: torch.Tensor,
+    *args: Any,
+    out_val: Any = None,
+    **__: Any,
+) -> OpCost:
+    out = _first_tensor(out_val)
+    macs = conv_macs(weight.shape, out.shape[0], out.shape[2:])
+    columns = out.shape[0] * x.shape[1] * weight.shape[2] * weight.shape[3] * out.shape[2] * out.shape[3]
+    use_mask = bool(args[-1])
+    return OpCost(2 * macs + columns * (7 + 2 + int(use_mask)) + (out.numel() if bias.numel() else 0), macs)
+
+
+def _deform_conv2d_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    offset: torch.Tensor,
+    mask: torch.Tensor,
+    bias: torch.Tensor,
+    *args: Any,
+    out_val: Any = None,
+    **kwargs: Any,
+) -> OpCost:
+    forward = _deform_conv2d(x, weight, offset, mask, bias, *args, out_val=grad, **kwargs)
+    return OpCost(2 * forward.flops, 2 * forward.macs)
+
+
+NAMED["torchvision.deform_conv2d"] = _deform_conv2d
+NAMED["torchvision._deform_conv2d_backward"] = _deform_conv2d_backward
+
+
 # searchsorted, bucketize: a binary search of each value over the sorted boundaries
 @_register("searchsorted")
 def searchsorted(sorted_sequence: torch.Tensor, values: Any, *_: Any, out_val: Any = None, **__: Any) -> OpCost:

@@ -19,7 +19,7 @@ import torch
 
 from ...results import ModuleOp, ModuleStats, OpStats, Phase, Profile
 from ..errors import FormulaError
-from ..formulas import BUILTIN, COMMUNICATION_NAMESPACES, DATA_MOVEMENT, Formula, OpCost
+from ..formulas import BUILTIN, COMMUNICATION_NAMESPACES, DATA_MOVEMENT, NAMED, Formula, OpCost
 from ..modules import StackKey
 from . import Meter, Op
 
@@ -85,7 +85,7 @@ class FormulaTable:
 
     def _find(self, op: Any) -> Formula | None:
         packet = _packet(op)
-        formula = self._user.get(packet) or BUILTIN.get(packet)
+        formula = self._user.get(packet) or BUILTIN.get(packet) or NAMED.get(str(packet))
         if formula is None and str(packet).endswith("_"):
             # in-place variants (aten.add_) cost what their functional op (aten.add) costs
             functional = getattr(torch.ops.aten, packet.__name__[:-1], None)
