@@ -121,8 +121,30 @@ def test_fused_steps_without_a_meta_kernel_run_analytically(make, per_element, c
     assert (analytic.flops, analytic.peak_memory_bytes) == (real.flops, real.peak_memory_bytes)
 
 
-def test_fused_sgd_on_a_gpu_target():
+@pytest.mark.parametrize(
+    ("make", "op", "per_element", "counters"),
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True), "aten._fused_sgd_", 3, 0),
+        # Adagrad's constructor makes its fused step counters on the parameters' device: fake ones here
+        (lambda p: torch.optim.Adagrad(p, fused=True), "aten._fused_adagrad_", 7, TENSORS),
+    ],
+    ids=["sgd", "adagrad"],
+)
+def test_fused_steps_on_a_gpu_target(make, op, per_element, counters):
     net = model()
-    result = profile(net, x(), train=True, optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, fused=True), target="h100")
-    assert result.optimizer_flops == 3 * PARAMS
-    assert [o.op for o in result.predicted.ops if o.phase == "optimizer"] == ["aten._fused_sgd_"]
+    result = profile(net, x(), train=True, optimizer=make(net.parameters()), target="h100")
+    assert result.optimizer_flops == per_element * PARAMS + counters
+    assert [o.op for o in result.predicted.ops if o.phase == "optimizer"] == [op]
+
+
+def test_an_optimizer_that_needs_a_closure_is_refused_clearly():
+    net = model()
+    with pytest.raises(ProfileError, match=r"LBFGS\.step needs a closure"):
+        profile(net, x(), train=True, optimizer=torch.optim.LBFGS(net.parameters()))
+
+
+def test_an_optimizer_that_reads_the_weights_values_says_so_in_an_analytic_run():
+    # Adafactor scales its step by the parameter's norm, read as a Python number
+    net = model()
+    with pytest.raises(ProfileError, match=r"the step of Adafactor .* reads the values of a tensor"):
+        profile(net, x(), train=True, optimizer=torch.optim.Adafactor(net.parameters()), device="meta")

@@ -170,7 +170,10 @@ def _copy_optimizer(
                 group["foreach"] = True
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
     try:
-        copy = type(optimizer)(groups, **defaults)
+        # under the run's fake mode: a constructor that makes state itself (Adagrad's fused step
+        # counter, on its parameters' device) makes fake tensors, not real ones on a GPU
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+            copy = type(optimizer)(groups, **defaults)
     except TypeError as error:
         raise ProfileError(f"cannot make a copy of {type(optimizer).__name__} for the run: {error}") from error
     for param, state in optimizer.state.items() if with_state else ():

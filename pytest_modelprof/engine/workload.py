@@ -15,6 +15,7 @@ the RNG state are restored, and inputs are copied before the model sees them.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,13 @@ class Workload:
                 raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
             if not train:
                 raise ProfileError("an optimizer step needs a backward pass: pass train=True with optimizer=")
+            closure = inspect.signature(optimizer.step).parameters.get("closure")
+            if closure is not None and closure.default is inspect.Parameter.empty:
+                raise ProfileError(
+                    f"{type(optimizer).__name__}.step needs a closure (it evaluates the model again within the step, as "
+                    "often as its values decide): profile() runs one forward and backward pass per step; profile "
+                    "the closure's forward and backward pass instead, with an optimizer that takes none or without one"
+                )
         named_params: dict[str, torch.Tensor] = dict(model.named_parameters())
         named_buffers = dict(model.named_buffers())
         tensors = [*named_params.values(), *named_buffers.values(), *tensors_in((args, kwargs))]
@@ -344,7 +352,14 @@ def _create_state(optimizer: torch.optim.Optimizer) -> None:
     with torch.no_grad():
         for param in params:
             param.grad = torch.zeros_like(param)
-        optimizer.step()
+        try:
+            optimizer.step()
+        except Exception as error:
+            hint = unknown_value_hint(error)
+            raise ProfileError(
+                f"the step of {type(optimizer).__name__} (made once before the profiled step, to create its state) "
+                f"raised {type(error).__name__}: {error}{hint}"
+            ) from error
         for param in params:
             param.grad = None
 
