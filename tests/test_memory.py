@@ -201,3 +201,16 @@ def test_module_peaks_in_forward_and_backward():
     assert head.forward_peak_bytes == PARAM_BYTES + 4 * N * A + 4 * N * B + 4 * N * C
     assert head.backward_peak_bytes > 0
     assert result.module("").peak_bytes == result.peak_memory_bytes
+
+
+def test_a_sparse_gradient_is_its_indices_and_values():
+    # nn.Embedding(sparse=True): the weight's gradient is a sparse COO tensor with no storage of
+    # its own, holding one int64 index and one row of values per looked-up token
+    tokens = torch.randint(0, 1000, (8, 10))
+    emb = nn.Embedding(1000, 32, sparse=True)
+    result = profile(emb, tokens, train=True, optimizer=torch.optim.SGD(emb.parameters(), lr=0.1))
+    sparse_gradient = 80 * 8 + 80 * 32 * 4
+    assert result.memory.category_max["gradients"] >= sparse_gradient
+    assert result.memory.category_max["gradients"] < 1000 * 32 * 4  # never the dense weight's size
+    analytic = profile(emb, tokens, train=True, optimizer=torch.optim.SGD(emb.parameters(), lr=0.1), device="meta")
+    assert analytic.flops == result.flops

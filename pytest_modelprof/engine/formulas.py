@@ -1456,7 +1456,8 @@ select_copy slice_copy split_copy alias_copy detach_copy _assert_async _assert_t
 _functional_assert_async sym_constrain_range_for_size lift lift_fresh_copy _has_compatible_shallow_copy_type
 _nested_tensor_from_mask _nested_tensor_from_mask_left_aligned to_padded_tensor _nested_from_padded _foreach_copy
 hann_window hamming_window blackman_window bartlett_window kaiser_window exponential geometric cauchy
-log_normal random multinomial max_unpool2d max_unpool3d
+log_normal random multinomial max_unpool2d max_unpool3d _sparse_coo_tensor_with_dims_and_tensors
+_sparse_coo_tensor_unsafe sparse_coo_tensor _coalesce coalesce _indices _values indices values
 """.split()
 
 DATA_MOVEMENT: frozenset[Any] = frozenset(

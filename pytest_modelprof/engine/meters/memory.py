@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Phase, Profile
@@ -177,7 +178,8 @@ class MemoryMeter(Meter):
 
     def saved(self, tensor: torch.Tensor, key: StackKey) -> None:
         """A saved-tensors hook saw ``tensor``: it lives on until the backward pass uses it."""
-        entry = self.live.get(local(tensor).untyped_storage()._cdata)
+        parts = _parts(tensor)
+        entry = self.live.get(parts[-1].untyped_storage()._cdata) if parts else None
         first_time = entry is None or entry[1] == TEMPORARIES
         address = self.track(tensor, ACTIVATIONS)
         if first_time and address in self.live and self.live[address][1] == ACTIVATIONS:
@@ -213,22 +215,27 @@ class MemoryMeter(Meter):
 
     def track(self, tensor: torch.Tensor, category: int) -> int:
         """Follow ``tensor``'s storage (once), in ``category`` unless it already has a fixed one
-        (not a CPU tensor of a CUDA step: the optimizer's step counters, host scalars)."""
-        shard = local(tensor)
-        storage = shard.untyped_storage()
-        address: int = storage._cdata
-        if self._host_apart and shard.device.type == "cpu":
+        (not a CPU tensor of a CUDA step: the optimizer's step counters, host scalars); a sparse
+        tensor's, those of its indices and values (the address returned: its values')."""
+        address = 0
+        for part in _parts(tensor):
+            storage = part.untyped_storage()
+            address = self._follow(storage._cdata, storage, storage.nbytes(), part.device, category)
+        return address
+
+    def _follow(self, address: int, owner: Any, size: int, device: torch.device, category: int) -> int:
+        """Follow the storage ``owner`` at ``address``, of ``size`` bytes, until it is freed."""
+        if self._host_apart and device.type == "cpu":
             return address
         entry = self.live.get(address)
         if entry is None:
-            size = storage.nbytes()
             if self.events is not None:
                 self.events.append((address, size))
             size = self._rounded(size)
             self.live[address] = [size, category]
             self.totals[category] += size
             self.allocated += size
-            self._finalizers.append(weakref.finalize(storage, self._free, address))
+            self._finalizers.append(weakref.finalize(owner, self._free, address))
         elif entry[1] != category and entry[1] not in _STICKY and not (category == ACTIVATIONS and entry[1] == GRADIENTS):
             self.totals[entry[1]] -= entry[0]
             self.totals[category] += entry[0]
@@ -396,5 +403,21 @@ class MemoryMeter(Meter):
 def _nbytes(tensor: torch.Tensor) -> int:
     """A tensor's own bytes (this rank's shard of a DTensor): views of one storage (FSDP2's
     sharded gradients of a module share its reduce-scatter output) each count their part."""
-    shard = local(tensor)
-    return shard.numel() * shard.element_size()
+    return sum(part.numel() * part.element_size() for part in _parts(tensor))
+
+
+def _parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The dense tensors that hold ``tensor``'s memory: itself (a DTensor's local shard); a sparse
+    tensor's indices and values (COO), or its compressed and plain indices and values; none for a
+    layout without storages (MKL-DNN)."""
+    layout = tensor.layout
+    if layout == torch.strided:
+        return [local(tensor)]
+    with _disable_current_modes():  # the meter's own reads: no op of the step
+        if layout == torch.sparse_coo:
+            return [tensor._indices(), tensor._values()]
+        if layout in (torch.sparse_csr, torch.sparse_bsr):
+            return [tensor.crow_indices(), tensor.col_indices(), tensor.values()]
+        if layout in (torch.sparse_csc, torch.sparse_bsc):
+            return [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
+    return []
