@@ -150,3 +150,39 @@ def test_a_cuda_target_runs_cells_as_cudas_fused_kernels(cell, op, gates, backwa
     assert result.op(op + "_backward" + ("_impl" if cell is nn.LSTMCell else "")).flops == backward_per_unit * units + sums
     # the CPU's unfused cell: the same matrix products
     assert result.forward_macs == profile(cell(I, H, bias=bias), torch.randn(N, I)).forward_macs
+
+
+class PackedClassifier(nn.Module):
+    """Variable-length sequences packed (unsorted), a bidirectional stack, padded back."""
+
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+        self.head = nn.Linear(2 * H, 4)
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = self.rnn(packed)
+        out, lengths = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return self.head(out).sum(1) / lengths[:, None].to(out.device)  # lengths come on the CPU
+
+
+LENGTHS = torch.tensor([7, 5, 2])  # N = 3 sequences of at most T = 7 steps
+
+
+@pytest.mark.parametrize(("module", "gates"), [(nn.LSTM, 4), (nn.GRU, 3)])
+def test_packed_sequences_run_analytically(module, gates):
+    # the batch sizes a packed sequence carries are read as numbers by the recurrent kernels:
+    # worked out from the lengths the caller passes
+    model = PackedClassifier(module(I, H, 2, batch_first=True, bidirectional=True))
+    inputs = (torch.randn(N, T, I), LENGTHS)
+    real = profile(model, inputs, train=True)
+    analytic = profile(model, inputs, train=True, device="meta")
+    assert analytic.uncounted == {} and analytic.flops == real.flops
+    assert analytic.memory.peak_bytes == pytest.approx(real.memory.peak_bytes, rel=0.01)
+    # on a CUDA target the stack is one cuDNN call over the packed rows: 14 rows, not 3 x 7
+    target = profile(model, inputs, train=True, target="h100")
+    assert target.op("aten._cudnn_rnn").calls == 1 and target.uncounted == {}
+    rows = int(LENGTHS.sum())
+    expected = sum(2 * rows * gates * H * ((I if layer == 0 else 2 * H) + H) for layer in range(2))
+    assert target.op("aten._cudnn_rnn").macs == expected

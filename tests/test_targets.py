@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from benchmarks import gpu_truth
-from pytest_modelprof import GPUS, GPUSpec, profile
+from pytest_modelprof import GPUS, GPUSpec, ProfileError, profile
 from pytest_modelprof.engine.targets.gpus import gpu_spec
 from pytest_modelprof.engine.targets.kernels import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
 
@@ -183,3 +183,16 @@ def test_an_h100_step_from_a_cpu_only_machine(name):
     assert math.isclose(result.peak_memory_bytes, record["max_allocated"], rel_tol=0.03)
     if name not in OPEN_RESERVED:
         assert math.isclose(result.memory.estimates["reserved_bytes"], record["max_reserved"], rel_tol=0.05)
+
+
+def test_a_cpu_tensor_made_inside_the_model_is_explained_on_a_target():
+    class Positions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+
+        def forward(self, x):
+            return x + self.embed(torch.arange(x.shape[1]))  # no device=: on the CPU, as on a real GPU
+
+    with pytest.raises(ProfileError, match=r"make tensors inside the model on their inputs' device"):
+        profile(Positions(), torch.randn(2, 16, 8), target="h100")

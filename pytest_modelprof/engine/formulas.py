@@ -1458,6 +1458,7 @@ _nested_tensor_from_mask _nested_tensor_from_mask_left_aligned to_padded_tensor 
 hann_window hamming_window blackman_window bartlett_window kaiser_window exponential geometric cauchy
 log_normal random multinomial max_unpool2d max_unpool3d _sparse_coo_tensor_with_dims_and_tensors
 _sparse_coo_tensor_unsafe sparse_coo_tensor _coalesce coalesce _indices _values indices values
+_pack_padded_sequence _pack_padded_sequence_backward _pad_packed_sequence
 """.split()
 
 DATA_MOVEMENT: frozenset[Any] = frozenset(

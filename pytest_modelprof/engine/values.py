@@ -128,6 +128,8 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return self._sized(func, args, kwargs, tensors[0].device)
         if func in _CTC:
             return self._ctc(func, args, kwargs)
+        if func is aten._pack_padded_sequence.default:
+            return self._pack(*args, **kwargs)
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as error:
@@ -223,6 +225,34 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         options = {"dtype": log_probs.dtype, "device": log_probs.device}
         return torch.empty(batch, **options), torch.empty(batch, steps, 2 * longest + 1, **options)
 
+    def _pack(self, input: torch.Tensor, lengths: torch.Tensor, batch_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``pack_padded_sequence``'s kernel: the steps' rows in one tensor, and how many sequences each
+        step holds, a CPU tensor (PyTorch's recurrent kernels read it as numbers): worked out here from
+        the lengths' known value."""
+        value = self.value(lengths)
+        if value is None:
+            raise DynamicOutputShapeException(aten._pack_padded_sequence.default)
+        with _disable_current_modes():
+            counts = [int(n) for n in value.tolist()]
+            steps = max(counts, default=0)
+            batch_sizes = torch.tensor([sum(1 for n in counts if n > t) for t in range(steps)], dtype=torch.int64)
+        features = input.shape[2:]
+        return input.new_empty((sum(counts), *features)), batch_sizes
+
+    def __enter__(self) -> KnownValues:
+        # the padding back of a packed sequence is a composite that reads its batch sizes in C++:
+        # run as its Python equivalent (pad_packed), which reads them as numbers
+        self._patched = "_pad_packed_sequence" not in vars(torch._VF)
+        if self._patched:  # (torch._VF looks its functions up: one set on it comes first, until deleted)
+            setattr(torch._VF, "_pad_packed_sequence", _pad_packed)  # noqa: B010 (the module is typed)
+        super().__enter__()  # type: ignore[no-untyped-call]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
+        if self._patched:
+            delattr(torch._VF, "_pad_packed_sequence")
+
     def _describe(self, func: Any) -> tuple[bool, tuple[tuple[int, str], ...]]:
         """Whether ``func``'s outputs have values to work out (not random, not uninitialised), and the
         arguments (position, name) it writes into."""
@@ -230,6 +260,33 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
         self._ops[func] = (computable, written)
         return computable, written
+
+
+def _pad_packed(
+    data: torch.Tensor, batch_sizes: torch.Tensor, batch_first: bool, padding_value: float, total_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch._VF._pad_packed_sequence`` (aten/src/ATen/native/PackedSequence.cpp) in Python, op for op:
+    a padded tensor filled with ``padding_value``, each run of steps with the same batch size copied
+    into it, and each sequence's length (a CPU tensor)."""
+    if isinstance(batch_sizes, FakeTensor):
+        raise DynamicOutputShapeException(aten._pad_packed_sequence.default)
+    sizes = [int(n) for n in batch_sizes.tolist()]
+    steps, batch = len(sizes), sizes[0]
+    if 0 < total_length < steps:
+        raise ValueError(f"Expected total_length to be at least the length of the longest sequence {steps}, got {total_length}")
+    features = tuple(data.shape[1:])
+    output = data.new_full((max(total_length, steps), batch, *features), padding_value)
+    offset, previous, start = 0, batch, 0
+    for step in range(steps + 1):
+        size = sizes[step] if step != steps else 0
+        if size != previous:
+            rows = previous * (step - start)
+            output[start:step, :previous].copy_(data[offset : offset + rows].view(step - start, previous, *features))
+            offset, start = offset + rows, step
+        previous = size
+    with _disable_current_modes():
+        lengths = torch.tensor([sum(1 for n in sizes if n > b) for b in range(batch)], dtype=torch.int64)
+    return (output.transpose(0, 1) if batch_first else output), lengths
 
 
 def _apart_from_callers(real: Any, operands: list[torch.Tensor]) -> Any:

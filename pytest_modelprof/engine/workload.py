@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
 from .backward import HookGuard, SavedTensors, run_backward
@@ -393,7 +393,18 @@ def _place(model: nn.Module, tracker: ModuleTracker | None) -> str:
 
 
 def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Exception) -> ProfileError:
-    return ProfileError(f"{_place(model, tracker)} raised {type(error).__name__}: {error}{unknown_value_hint(error)}")
+    return ProfileError(f"{_place(model, tracker)} raised {type(error).__name__}: {error}{unknown_value_hint(error)}{_device_hint(error)}")
+
+
+def _device_hint(error: Exception) -> str:
+    """What to add where a CUDA-target run met a CPU tensor: as on the GPU itself, a tensor the model makes
+    without ``device=`` is on the CPU."""
+    if not isinstance(error, FakeTensorDeviceMismatchError) or "cuda" not in str(error):
+        return ""
+    return (
+        " (on a CUDA target the inputs and weights are on the GPU, as in a real CUDA run, which fails alike: "
+        "make tensors inside the model on their inputs' device, e.g. torch.arange(n, device=x.device))"
+    )
 
 
 @contextlib.contextmanager

@@ -453,9 +453,15 @@ def recurrent(stock: Any, mode: int) -> Any:
     """``torch._VF.lstm`` (and its kin) as CUDA runs them on fake CUDA tensors: ``aten._cudnn_rnn``."""
 
     def run(input: torch.Tensor, *args: Any) -> Any:
-        if input.device.type != "cuda" or (isinstance(args[0], torch.Tensor) and args[0].dim() == 1):
-            return stock(input, *args)  # not CUDA, or a packed sequence (batch sizes first)
-        hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first = args
+        if input.device.type != "cuda":
+            return stock(input, *args)
+        if isinstance(args[0], torch.Tensor) and args[0].dim() == 1:
+            # a packed sequence: its batch sizes (a CPU tensor of known numbers, engine/values.py) first
+            batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional = args
+            sizes, batch_first = [int(n) for n in batch_sizes.tolist()], False
+        else:
+            hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first = args
+            sizes = []
         h, c = hx if mode == 2 else (hx, None)  # an LSTM's state is (h, c)
         hidden = c.shape[-1] if c is not None else h.shape[-1]
         proj = h.shape[-1] if c is not None and h.shape[-1] != hidden else 0
@@ -471,7 +477,7 @@ def recurrent(stock: Any, mode: int) -> Any:
                 params = [p.to(dtype) for p in params]
                 stack.enter_context(_autocast_off())
             output, hy, cy, _, _ = aten._cudnn_rnn(
-                input, params, stride0, None, h, c, mode, hidden, proj, num_layers, batch_first, dropout, train, bidirectional, [], None
+                input, params, stride0, None, h, c, mode, hidden, proj, num_layers, batch_first, dropout, train, bidirectional, sizes, None
             )
         return (output, hy, cy) if mode == 2 else (output, hy)
 
@@ -583,12 +589,18 @@ class CudnnRnn(TorchDispatchMode):  # type: ignore[no-untyped-call]
         dropout_state: torch.Tensor | None,
     ) -> tuple[torch.Tensor, ...]:
         directions = 2 if bidirectional else 1
-        batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
         out = proj_size or hidden_size
-        output = input.new_empty((batch, seq, out * directions) if batch_first else (seq, batch, out * directions))
+        if batch_sizes:  # packed: [rows, features], the steps' rows one after the other
+            batch, seq = batch_sizes[0], 1
+            output = input.new_empty((input.shape[0], out * directions))
+            rows = input.shape[0]  # the reserve holds each step's rows (sized as unpacked, per row: unmeasured)
+        else:
+            batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
+            output = input.new_empty((batch, seq, out * directions) if batch_first else (seq, batch, out * directions))
+            rows = seq * batch
         hy = hx.new_empty((num_layers * directions, batch, out))
         cy = cx.new_empty((num_layers * directions, batch, hidden_size)) if cx is not None else input.new_empty(0)
-        size = reserve_bytes(mode, seq, batch, hidden_size, num_layers, directions, input.element_size()) if train else 0
+        size = reserve_bytes(mode, 1, rows, hidden_size, num_layers, directions, input.element_size()) if train else 0
         reserve = input.new_empty(size, dtype=torch.uint8)
         return output, hy, cy, reserve, weight_buf if weight_buf is not None else input.new_empty(0)
 
