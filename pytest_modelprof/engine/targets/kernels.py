@@ -15,7 +15,7 @@ answered here from the target's :class:`~.gpus.GPUSpec`:
   cuDNN attention for bfloat16 heads of 64, with and without dropout).
 - **recurrent layers** (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``): CUDA runs them as one cuDNN
   kernel, ``aten._cudnn_rnn``, chosen (with its dropout state) by code that needs a device;
-  :func:`recurrent` calls it as that code does, and :class:`CudnnRnn` gives the op and its
+  :func:`recurrent` calls it as that code does, and :class:`CudaOps` gives the op and its
   backward the outputs cuDNN gives them, with the training *reserve* (what cuDNN keeps for
   the backward pass) sized as ``cudnnGetRNNTrainingReserveSize`` sized it for an LSTM on an
   H100 (per step and sequence: each layer's four gates and cell state, and the output of
@@ -221,7 +221,7 @@ class CudaKernels:
             stock = getattr(torch._VF, name)
             setattr(torch._VF, name, recurrent(stock, mode))
             self._exits.callback(delattr, torch._VF, name)
-        self._exits.enter_context(CudnnRnn(self.values))
+        self._exits.enter_context(CudaOps(self.values))
         self._exits.enter_context(_Functions(self))
         stock_check = torch.overrides.has_torch_function
         torch.overrides.has_torch_function = has_torch_function(stock_check)
@@ -500,9 +500,10 @@ def reserve_bytes(mode: int, seq: int, batch: int, hidden: int, layers: int, dir
     return seq * batch * per_step * element + RESERVE_ALIGNMENT
 
 
-class CudnnRnn(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Outputs of ``aten._cudnn_rnn`` and its backward as cuDNN makes them, and of the fused LSTM
-    cell (fake tensors only).
+class CudaOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """CUDA's ops that fake tensors cannot run as the GPU would (fake tensors only): ``aten._cudnn_rnn``
+    and its backward, with the outputs cuDNN makes; the fused LSTM cell; the choice of CTC's kernel
+    (``_use_cudnn_ctc_loss``, which reads the lengths' values: ``values`` gives those the run knows).
 
     The backward node clones the reserve unless the engine has told it that its saved
     tensors will be released (``will_release_variables``, which the Python backward pass
