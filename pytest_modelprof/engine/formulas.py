@@ -1337,18 +1337,9 @@ def _deform_conv2d(
     return OpCost(2 * macs + columns * (7 + 2 + int(use_mask)) + (out.numel() if bias.numel() else 0), macs)
 
 
-def _deform_conv2d_backward(
-    grad: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    offset: torch.Tensor,
-    mask: torch.Tensor,
-    bias: torch.Tensor,
-    *args: Any,
-    out_val: Any = None,
-    **kwargs: Any,
-) -> OpCost:
-    forward = _deform_conv2d(x, weight, offset, mask, bias, *args, out_val=grad, **kwargs)
+def _deform_conv2d_backward(grad: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+    # (grad, then the forward's arguments): twice the forward, whose output has the gradient's shape
+    forward = _deform_conv2d(*args, out_val=grad, **kwargs)
     return OpCost(2 * forward.flops, 2 * forward.macs)
 
 
