@@ -95,3 +95,61 @@ def test_sizes_that_depend_on_real_inputs_are_exact():
     analytic, real = profile(DataDependent(), x, device="meta"), profile(DataDependent(), x)
     assert analytic.peak_memory_bytes == real.peak_memory_bytes
     assert analytic.peak_memory_bytes != profile(DataDependent(), -x, device="meta").peak_memory_bytes
+
+
+class GroupedExperts(nn.Module):
+    """Experts as one grouped product over tokens sorted by expert (transformers' grouped_mm experts),
+    in full precision, which PyTorch's meta kernel of torch._grouped_mm refuses."""
+
+    def __init__(self, d=64, experts=4, k=2):
+        super().__init__()
+        self.router = nn.Linear(d, experts)
+        self.up = nn.Parameter(torch.randn(experts, d, 4 * d) / d**0.5)
+        self.down = nn.Parameter(torch.randn(experts, 4 * d, d) / (4 * d) ** 0.5)
+        self.k = k
+
+    def forward(self, x):
+        b, s, d = x.shape
+        x = x.reshape(-1, d)
+        weights, idx = torch.topk(F.softmax(self.router(x), -1), self.k, dim=-1)
+        order = idx.flatten().argsort()
+        counts = torch.histc(idx.flatten().float(), bins=len(self.up), min=0, max=len(self.up) - 1)
+        offs = counts.cumsum(0).to(torch.int32)
+        routed = x[order // self.k]
+        hidden = F.gelu(torch._grouped_mm(routed, self.up, offs=offs))
+        out = torch._grouped_mm(hidden, self.down, offs=offs) * weights.flatten()[order, None]
+        return torch.zeros_like(x).index_add_(0, order // self.k, out).reshape(b, s, d)
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch._grouped_mm is newer than this torch")
+def test_a_full_precision_grouped_product_runs_analytically():
+    torch.manual_seed(0)
+    model, x = GroupedExperts(), torch.randn(2, 32, 64)
+    real = profile(model, x, train=True)
+    analytic = profile(model, x, train=True, device="meta")
+    assert analytic.uncounted == {}
+    # every token's k rows through both products, whatever the split: 64 x 2 rows of 64 -> 256 -> 64
+    assert analytic.op("aten._grouped_mm", "forward").macs == real.op("aten._grouped_mm", "forward").macs == 128 * 2 * 64 * 256
+    assert analytic.flops == real.flops
+    assert profile(model, x, train=True, target="h100").uncounted == {}
+
+
+def test_a_model_that_asks_the_gpu_gets_the_targets_answers():
+    seen = []
+
+    class Asks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x):
+            properties = torch.cuda.get_device_properties(x.device)
+            seen.append(
+                (torch.cuda.get_device_capability(x.device), torch.cuda.get_device_name(x.device), properties.multi_processor_count)
+            )
+            return self.linear(x)
+
+    profile(Asks(), torch.randn(4, 8), target="h100")
+    profile(Asks(), torch.randn(4, 8), target="a100-80gb")
+    assert [(cc, sms) for cc, _, sms in seen] == [((9, 0), 132), ((8, 0), 108)]
+    assert seen[0][1] == "h100"  # the spec's name

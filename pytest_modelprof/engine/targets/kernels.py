@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -63,6 +64,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from ..backward import HookGuard, in_backward
 from ..fake import meta_kernels
 from .gpus import GPUSpec
+from .scratch import threads_per_sm
 
 MATH, FLASH, EFFICIENT, CUDNN = 0, 1, 2, 3  # torch.nn.attention.SDPBackend's values
 aten = torch.ops.aten
@@ -197,6 +199,33 @@ def _cuda_autocast_available(gpu: GPUSpec) -> Any:
         common.amp_definitely_not_available, torch.cuda.is_bf16_supported = stock
 
 
+@contextlib.contextmanager
+def _device_queries(gpu: GPUSpec) -> Any:
+    """``torch.cuda.get_device_capability``, ``get_device_properties`` and ``get_device_name`` answered as
+    ``gpu`` answers them (a model that picks its kernels by the GPU asks them: transformers' experts ask
+    the capability before a grouped product); what the spec does not hold is not made up."""
+    properties = types.SimpleNamespace(
+        name=gpu.name,
+        major=gpu.compute_capability[0],
+        minor=gpu.compute_capability[1],
+        total_memory=gpu.memory_bytes,
+        multi_processor_count=gpu.sm_count,
+        max_threads_per_multi_processor=threads_per_sm(gpu.compute_capability),
+        warp_size=32,
+        is_integrated=False,
+        is_multi_gpu_board=False,
+    )
+    cuda = torch.cuda
+    stock = cuda.get_device_capability, cuda.get_device_properties, cuda.get_device_name
+    cuda.get_device_capability = lambda device=None: gpu.compute_capability
+    cuda.get_device_properties = lambda device=None: properties  # type: ignore[assignment,return-value]
+    cuda.get_device_name = lambda device=None: gpu.name
+    try:
+        yield
+    finally:
+        cuda.get_device_capability, cuda.get_device_properties, cuda.get_device_name = stock
+
+
 class CudaKernels:
     """While a fake CUDA-target run steps (a context manager): the choices above, as ``gpu`` would make them.
 
@@ -228,6 +257,7 @@ class CudaKernels:
         self._exits.callback(setattr, torch.overrides, "has_torch_function", stock_check)
         self._exits.enter_context(meta_kernels(_META))  # ops of the fused paths PyTorch has no meta kernel for
         self._exits.enter_context(_cuda_autocast_available(self.gpu))
+        self._exits.enter_context(_device_queries(self.gpu))
         # nn.LSTM's flatten_parameters() reads data pointers of CUDA weights (fake ones: all
         # alike, so it keeps the weights as they are); FakeTensor warns of that read
         self._exits.enter_context(warnings.catch_warnings())
