@@ -55,6 +55,17 @@ def test_the_attention_backend_follows_the_users_switches_and_limits():
     assert sdp_backend(GPUS["rtx4090"], *qkv(torch.float32, head_dim=30)) == MATH  # no kernel for that alignment
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION]):
         assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16)) == EFFICIENT
+    # sdp_utils.cpp: flash takes is_causal only for square score matrices (a decoding step is not one),
+    # cuDNN no key sequence of one, nor deterministic mode
+    q, k, v = qkv(torch.bfloat16)
+    assert sdp_backend(GPUS["a100-80gb"], q[:, :, :1], k, v, is_causal=True) == EFFICIENT
+    assert sdp_backend(GPUS["a100-80gb"], q[:, :, :1], k, v) == FLASH
+    assert sdp_backend(GPUS["h100"], q, k[:, :, :1], v[:, :, :1]) == FLASH
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert sdp_backend(GPUS["h100"], q, k, v) == FLASH
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 class Block(nn.Module):

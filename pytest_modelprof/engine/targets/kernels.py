@@ -95,7 +95,7 @@ def sdp_backend(
     if order == _DEFAULT_ORDER and _prefers_cudnn(gpu):
         order = [CUDNN, FLASH, EFFICIENT, MATH]
     for backend in order:
-        if enabled[backend] and _fits(backend, gpu, query, key, value, attn_mask, enable_gqa):
+        if enabled[backend] and _fits(backend, gpu, query, key, value, attn_mask, enable_gqa, is_causal):
             return backend
     return -1  # SDPBackend.ERROR: PyTorch raises "No available kernel"
 
@@ -112,11 +112,19 @@ def _fits(
     value: torch.Tensor,
     attn_mask: torch.Tensor | None,
     enable_gqa: bool,
+    is_causal: bool = False,
 ) -> bool:
+    """The constraints of aten/src/ATen/native/transformers/cuda/sdp_utils.cpp that a call's arguments
+    and the GPU decide (``can_use_flash_attention`` and its kin)."""
     if backend == MATH:
         return True
     tensors = (query, key, value)
     if any(t.dim() != 4 or t.is_nested for t in tensors) or len({t.dtype for t in tensors}) != 1:
+        return False
+    if any(t.shape[2] == 0 or t.shape[3] == 0 for t in tensors):  # check_nonzero_sequence_lengths_dense
+        return False
+    # check_last_dim_stride_equals_1_dense (flash and cuDNN let a last dimension of size 1 have any stride)
+    if any(t.stride(-1) != 1 and not (backend != EFFICIENT and t.shape[-1] == 1) for t in tensors):
         return False
     dtype, head_dim, value_dim = query.dtype, query.shape[-1], value.shape[-1]
     same_heads = query.shape[1] == key.shape[1] == value.shape[1]
@@ -128,6 +136,7 @@ def _fits(
             and max(head_dim, value_dim) <= 256
             and head_dim % 8 == 0
             and value_dim % 8 == 0
+            and not (is_causal and query.shape[2] != key.shape[2])  # check_flash_causal_non_square_seqlens
         )
     if backend == EFFICIENT:
         alignment = 8 if dtype in _HALF else 4
@@ -147,6 +156,9 @@ def _fits(
         and max(head_dim, value_dim) <= 128
         and head_dim % 8 == 0
         and value_dim % 8 == 0
+        and key.shape[2] != 1  # check_cudnn_tensor_shapes: no key/value sequence of 1
+        and max(query.shape[0], query.shape[1]) <= 65535
+        and not (torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled())
     )
 
 
