@@ -294,7 +294,9 @@ class CudaKernels:
             dtype = torch.get_autocast_dtype("cuda")
             query, key, value = (t.to(dtype) if t.dtype == torch.float32 else t for t in (query, key, value))
         backend = sdp_backend(self.gpu, query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-        logsumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        # the row log-sum-exps a backward pass needs, also for a mask that needs a gradient
+        # (attention.cpp's should_compute_logsumexp)
+        logsumexp = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, attn_mask))
         if attn_mask is not None and attn_mask.dtype == torch.bool and backend in (CUDNN, EFFICIENT):
             attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(~attn_mask, float("-inf"))
         if backend == CUDNN:
