@@ -235,6 +235,11 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         with _disable_current_modes():
             counts = [int(n) for n in value.tolist()]
             steps = max(counts, default=0)
+            # the kernel's checks (aten/src/ATen/native/PackedSequence.cpp)
+            if counts and counts[-1] <= 0:
+                raise RuntimeError("Length of all samples has to be greater than 0, but found an element in 'lengths' that is <= 0")
+            if any(later > earlier for earlier, later in zip(counts, counts[1:])):
+                raise RuntimeError("`lengths` array must be sorted in decreasing order when `enforce_sorted` is True")
             batch_sizes = torch.tensor([sum(1 for n in counts if n > t) for t in range(steps)], dtype=torch.int64)
         features = input.shape[2:]
         return input.new_empty((sum(counts), *features)), batch_sizes
