@@ -115,6 +115,27 @@ def test_caller_model_inputs_and_rng_are_left_as_they_were(device):
     assert leftovers(model) == CLEAN
 
 
+@pytest.mark.parametrize("options", [{}, {"device": "meta"}, {"target": "h100"}], ids=["real", "analytic", "cuda-target"])
+def test_a_module_shared_by_two_parents_keeps_its_own_parameters(options):
+    # one block reached under two names (CoaT's shared convolutions, a weight-shared encoder): the
+    # run swaps its tensors in under both names, and must give the caller's back under both
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            block = nn.Linear(8, 8)
+            self.first, self.second = nn.Sequential(block, nn.ReLU()), nn.Sequential(block, nn.Tanh())
+
+        def forward(self, x):
+            return self.second(self.first(x))
+
+    model = Shared()
+    params = list(model.parameters())
+    profile(model, torch.randn(2, 8), train=True, **options)
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params]
+    assert all(type(p) is nn.Parameter and p.device.type == "cpu" for p in model.parameters())
+    assert model.first[0] is model.second[0] and model.first[0].weight is params[0]
+
+
 def test_inputs_changed_in_place_by_the_model_are_not_the_callers():
     class InPlace(nn.Module):
         def forward(self, x):

@@ -233,7 +233,11 @@ class Run:
         backward pass, on the tensors its forward ran on."""
         if self._state is None:
             return contextlib.nullcontext()
-        return torch.nn.utils.stateless._reparametrize_module(self.workload.model, self._state, tie_weights=True, strict=False)
+        # stack_weights: restored in the reverse order of the swap, so that a module reached under two
+        # names (a block shared by two stages) gets its own tensors back, not the run's from the second swap
+        reparametrize = torch.nn.utils.stateless._reparametrize_module
+        lifo = {"stack_weights": True} if "stack_weights" in inspect.signature(reparametrize).parameters else {}
+        return reparametrize(self.workload.model, self._state, tie_weights=True, strict=False, **lifo)
 
     def step(self, region: Callable[[str], None] | None = None, tracker: ModuleTracker | None = None) -> Any:
         """Run one step; its output (None for a training step). ``region`` hears the step move on (``"loss"``, ``"optimizer"``,
