@@ -207,3 +207,19 @@ def test_a_cpu_tensor_made_inside_the_model_is_explained_on_a_target():
 
     with pytest.raises(ProfileError, match=r"make tensors inside the model on their inputs' device"):
         profile(Positions(), torch.randn(2, 16, 8), target="h100")
+
+
+def test_autocast_casts_a_float_attention_mask_as_on_the_gpu():
+    # scaled_dot_product_attention is on CUDA autocast's lower-precision list: every fp32 argument is cast
+    class Biased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Linear(64, 64, bias=False)
+            self.register_buffer("bias", torch.zeros(4, 16, 16))
+
+        def forward(self, x):
+            q = self.q(x).view(2, 16, 4, 16).transpose(1, 2)
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=self.bias)
+
+    result = profile(Biased(), torch.randn(2, 16, 64), target="h100", autocast=torch.bfloat16)
+    assert result.op("aten._to_copy").calls == 3  # the input, the weight, the mask

@@ -293,6 +293,8 @@ class CudaKernels:
         if torch.is_autocast_enabled("cuda") and query.is_floating_point():
             dtype = torch.get_autocast_dtype("cuda")
             query, key, value = (t.to(dtype) if t.dtype == torch.float32 else t for t in (query, key, value))
+            if attn_mask is not None and attn_mask.dtype == torch.float32:  # autocast casts every fp32 argument
+                attn_mask = attn_mask.to(dtype)
         backend = sdp_backend(self.gpu, query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         # the row log-sum-exps a backward pass needs, also for a mask that needs a gradient
         # (attention.cpp's should_compute_logsumexp)
