@@ -127,3 +127,9 @@ def test_special_functions_count_as_one_step_and_windows_as_creation():
         assert flops_of(result, op) == 40
     result = profile(Fn(lambda a: a[0] * torch.hann_window(10)), x)
     assert result.uncounted == {} and flops_of(result, "aten.hann_window") == 0
+
+
+def test_unfold_backward_adds_each_window_gradient_once():
+    x = torch.randn(2, 10, requires_grad=True)
+    result = profile(Fn(lambda a: a.unfold(1, 4, 2)), x, train=True)  # 4 overlapping windows of 4
+    assert result.uncounted == {} and flops_of(result, "aten.unfold_backward") == 2 * 4 * 4

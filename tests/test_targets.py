@@ -223,3 +223,25 @@ def test_autocast_casts_a_float_attention_mask_as_on_the_gpu():
 
     result = profile(Biased(), torch.randn(2, 16, 64), target="h100", autocast=torch.bfloat16)
     assert result.op("aten._to_copy").calls == 3  # the input, the weight, the mask
+
+
+def test_a_trainable_attention_bias_meets_cudnn_attention_as_on_the_gpu():
+    # PyTorch runs cuDNN attention first on an H100 in bf16, and its op takes no gradient for the mask:
+    # a real step fails; the run fails alike and says how to leave cuDNN out, which it then follows
+    class RelativeBias(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Linear(64, 64)
+            self.bias = nn.Parameter(torch.zeros(4, 16, 16))
+
+        def forward(self, x):
+            q = self.q(x).view(2, 16, 4, 16).transpose(1, 2)
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=self.bias)
+
+    args = (RelativeBias(), torch.randn(2, 16, 64))
+    with pytest.raises(ProfileError, match="leave cuDNN out"):
+        profile(*args, train=True, target="h100", autocast=torch.bfloat16)
+    backends = [torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION, torch.nn.attention.SDPBackend.MATH]
+    with torch.nn.attention.sdpa_kernel(backends):
+        result = profile(*args, train=True, target="h100", autocast=torch.bfloat16)
+    assert result.op("aten._scaled_dot_product_efficient_attention").calls == 1

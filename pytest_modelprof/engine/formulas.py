@@ -963,6 +963,9 @@ for _dims in (1, 2, 3):
     _set(f"avg_pool{_dims}d", _avg_pool(_dims))
     _set(f"avg_pool{_dims}d_backward", _avg_pool_backward(_dims))
 _set("mkldnn_max_pool2d", _max_pool(2))
+# Tensor.unfold is a view; its backward adds each window's gradient into the input's (overlapping
+# windows meet): one add per gradient element
+_set("unfold_backward", _scatter_grad)
 for _dims in (2, 3):  # (self, kernel_size, output_size, random_samples): one step per window element per output
     _set(f"fractional_max_pool{_dims}d", _max_pool(_dims))
     _set(f"fractional_max_pool{_dims}d_backward", _scatter_grad)
