@@ -73,6 +73,23 @@ def _op(name: str) -> Any:
     return getattr(aten, name, None)
 
 
+def bound_arguments(func: Any, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments by the names of ``func``'s schema; one the call left out (the dispatcher drops
+    trailing arguments equal to their defaults) is its default. Without a schema: none."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return {}
+    bound: dict[str, Any] = {}
+    for index, argument in enumerate(schema.arguments):
+        if index < len(args):
+            bound[argument.name] = args[index]
+        elif argument.name in kwargs:
+            bound[argument.name] = kwargs[argument.name]
+        else:
+            bound[argument.name] = argument.default_value if argument.has_default_value() else None
+    return bound
+
+
 def _register(*names: str) -> Callable[[Formula], Formula]:
     def wrap(formula: Formula) -> Formula:
         for name in names:
@@ -307,11 +324,7 @@ def causal_scores(s_q: int, s_k: int) -> int:
 
 def _is_causal(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """The call's ``is_causal`` argument, found by the op's schema (its position differs per kernel)."""
-    if "is_causal" in kwargs:
-        return bool(kwargs["is_causal"])
-    names = [a.name for a in packet.default._schema.arguments]
-    index = names.index("is_causal") if "is_causal" in names else -1
-    return 0 <= index < len(args) and bool(args[index])
+    return bool(bound_arguments(packet.default, args, kwargs).get("is_causal"))
 
 
 def _sdpa(packet: Any) -> Formula:

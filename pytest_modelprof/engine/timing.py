@@ -55,6 +55,7 @@ from torch.utils._pytree import tree_flatten
 from .._format import plain
 from ..results import LatencyReport, cpu_was_shared
 from .errors import ProfileError
+from .formulas import bound_arguments
 
 MIN_SAMPLE_SECONDS = 5e-3  # a repeat runs calls back to back until it lasts this long
 MAX_REPEATS = 100_000
@@ -213,16 +214,10 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 def _draws(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
     """Whether a call of a seeded op draws random numbers: not with a probability of 0
     (``dropout_p=0`` of attention in train mode, ``p=0``) or ``train=False``."""
-    for index, argument in enumerate(func._schema.arguments):
-        if index < len(args):
-            value = args[index]
-        elif argument.name in kwargs:
-            value = kwargs[argument.name]
-        else:  # left out of the call: the schema's default (the dispatcher drops trailing defaults)
-            value = argument.default_value if argument.has_default_value() else None
-        if argument.name in ("dropout_p", "p") and isinstance(value, (int, float)) and value == 0:
+    for name, value in bound_arguments(func, args, kwargs).items():
+        if name in ("dropout_p", "p") and isinstance(value, (int, float)) and value == 0:
             return False
-        if argument.name == "train" and value is False:
+        if name == "train" and value is False:
             return False
     return True
 

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .formulas import METADATA
+from .formulas import METADATA, bound_arguments
 
 aten = torch.ops.aten
 
@@ -211,7 +211,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         cuda/LossCTC.cu): the loss per sequence, and the forward variables ``log_alpha`` over the
         input steps and the targets extended with blanks, for the longest target: ``targets.size(1)``
         for padded targets, the largest of the lengths for concatenated ones (a value it must know)."""
-        bound = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+        bound = bound_arguments(func, args, kwargs)
         log_probs, targets, lengths = bound["log_probs"], bound["targets"], bound["target_lengths"]
         if targets.dim() == 2:
             longest = targets.shape[1]

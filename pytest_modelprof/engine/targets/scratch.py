@@ -53,6 +53,8 @@ from typing import Any
 
 import torch
 
+from ..formulas import bound_arguments
+
 INT32_MAX = 2**31 - 1
 # one kernel launch's dimensions, as TensorIterator orders them: sizes, (output, input) byte
 # strides per dimension, and how many of the first dimensions are reduced
@@ -150,7 +152,7 @@ def convolution_bias_scratch(
 ) -> list[int]:
     """A convolution's bias gradient, summed by ATen inside ``convolution_backward`` after the
     backend's kernels (cuDNN's do not make it): ``grad_output`` over every dimension but the channels."""
-    bound = _bound(func, args, kwargs)
+    bound = bound_arguments(func, args, kwargs)
     grad_output, mask = bound.get("grad_output"), bound.get("output_mask")
     if not isinstance(grad_output, torch.Tensor) or not mask or not mask[2] or not isinstance(out, (tuple, list)):
         return []
@@ -174,7 +176,7 @@ def flash_backward_scratch(name: str, func: Any, args: Any, kwargs: dict[str, An
     the query's sequence rounded up to 128 and its head size to 32, or 64 above 128; one per
     split of the SMs in deterministic mode); for grouped-query attention, the keys' and values'
     gradients for every query head before they are summed into their group."""
-    bound = _bound(func, args, kwargs)
+    bound = bound_arguments(func, args, kwargs)
     tensors: list[Any] = [bound.get(n) for n in ("grad_out", "query", "key", "out")]
     if not all(isinstance(t, torch.Tensor) and not t.is_nested for t in tensors):
         return []
@@ -256,7 +258,7 @@ def efficient_attention_scratch(name: str, func: Any, args: Any, kwargs: dict[st
     values' gradients in registers (heads over its query block), one tile row per key split."""
     layout_swap = EFFICIENT_FORWARD.get(name, EFFICIENT_BACKWARD.get(name))
     forward = name in EFFICIENT_FORWARD
-    bound = _bound(func, args, kwargs)
+    bound = bound_arguments(func, args, kwargs)
     query, key, value = bound.get("query"), bound.get("key"), bound.get("value")
     grad_out, out = bound.get("grad_out_"), bound.get("out")
     tensors = (query, key, value) if forward else (grad_out, query, key, value, out)
@@ -313,7 +315,7 @@ def norm_backward_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any
     sums, which ``.sum(0)`` then reduces (an ATen reduction inside the op, with its own staging).
     Both partial buffers live until both sums are done; a sum's result replaces the gradient
     allocated before, so at the moment of a sum: the buffers, its result and its staging."""
-    bound = _bound(func, args, kwargs)
+    bound = bound_arguments(func, args, kwargs)
     source, weight, mask = bound.get("input"), bound.get("weight"), bound.get("output_mask")
     if not isinstance(source, torch.Tensor) or not isinstance(weight, torch.Tensor) or not mask:
         return []
@@ -346,7 +348,7 @@ def embedding_backward_scratch(func: Any, args: Any, kwargs: dict[str, Any]) -> 
     row of the weight's width per index, in float for half-precision gradients. The sort's own
     buffers (freed before the sums begin, a few KiB beyond two index arrays) are the smaller
     moment and not counted."""
-    bound = _bound(func, args, kwargs)
+    bound = bound_arguments(func, args, kwargs)
     grad, indices = bound.get("grad_output"), bound.get("indices")
     if not isinstance(grad, torch.Tensor) or not isinstance(indices, torch.Tensor) or grad.dim() < 1:
         return []
@@ -366,7 +368,7 @@ def grid_sampler_scratch(func: Any, args: Any, kwargs: dict[str, Any]) -> list[i
     """The copies cuDNN's grid sampler makes of its arguments (aten/src/ATen/native/cudnn/GridSampler.cpp):
     the grid made contiguous, the input (and in the backward pass the output's gradient) made
     contiguous where a stride is 0 (``contiguousIfZeroInStrides``: an expanded tensor)."""
-    bound = _bound(func, args, kwargs)
+    bound = bound_arguments(func, args, kwargs)
     copies = []
     for argument in ("self", "grid", "grad_output"):
         tensor = bound.get(argument)
@@ -383,7 +385,7 @@ def ctc_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
     sequence's target offset, target length and input length (int64); the backward pass's backward
     variables, ``log_alpha``'s shape. cuDNN's (cudnn/LossCTC.cpp): the targets and lengths copied to
     the GPU where they are on the CPU; its workspace is sized by cuDNN at run time and not included."""
-    bound = _bound(func, args, kwargs)
+    bound = bound_arguments(func, args, kwargs)
     log_probs = bound["log_probs"]
     if name == "aten._cudnn_ctc_loss":
         targets, inputs, lengths = bound["targets"], bound["input_lengths"], bound["target_lengths"]
@@ -410,7 +412,7 @@ def reduction_scratch(
     if accumulator is None or not args or not isinstance(args[0], torch.Tensor):
         return []
     source: torch.Tensor = args[0]
-    bound = _bound(func, args, kwargs)
+    bound = bound_arguments(func, args, kwargs)
     if source.numel() <= 1 or source.is_sparse or source.is_nested or bound.get("other") is not None:
         return []  # (max.other, min.other: elementwise)
     reduced = _reduced_dims(bound.get("dim"), source.dim())
@@ -443,7 +445,7 @@ def rnn_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
     workspace is not included: its size comes from cuDNN at run time."""
     if name not in ("aten._cudnn_rnn", "aten._cudnn_rnn_backward"):
         return []
-    bound = _bound(func, args, kwargs)
+    bound = bound_arguments(func, args, kwargs)
     source, batch_first, packed = bound["input"], bound["batch_first"], bool(bound["batch_sizes"])
 
     def relaid(tensor: torch.Tensor, contiguous: bool = False) -> int:
@@ -468,14 +470,6 @@ def rnn_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
     # phase: the zeros, the input's copy, and the weights' gradient (an output, counted as one)
     held = [size for size in (*zeros, relaid(source)) if size]
     return held + ([dy - weights] if dy > weights else [])
-
-
-def _bound(func: Any, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The op's arguments by name (its schema's)."""
-    schema = getattr(func, "_schema", None)
-    if schema is None:
-        return {}
-    return {argument.name: (args[i] if i < len(args) else kwargs.get(argument.name)) for i, argument in enumerate(schema.arguments)}
 
 
 def _reduced_dims(dims: Any, ndim: int) -> set[int]:
