@@ -105,7 +105,6 @@ def test_analytic_memory_equals_real(name, factory, inputs, train):
     assert memory_figures(profile(model, inputs, train=train, device="meta")) == memory_figures(profile(model, inputs, train=train))
 
 
-@pytest.mark.xfail(reason="torch's meta kernel of mkldnn_rnn_layer returns a smaller workspace than its CPU kernel allocates", strict=True)
 def test_analytic_memory_of_the_fused_cpu_lstm():
     _, factory, inputs = workloads()[2]
     model = factory()

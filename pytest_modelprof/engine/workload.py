@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTen
 from torch.utils._pytree import tree_flatten
 
 from .backward import HookGuard, SavedTensors, run_backward
+from .cpu_kernels import CpuKernels
 from .distributed import Parallel, wait_for
 from .errors import ProfileError
 from .fake import RunTensors, analytic_meta_kernels, choose_mode, run_tensors, tensors_in
@@ -175,6 +176,7 @@ class Workload:
                 stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
                 stack.enter_context(_dense_encoders(self.model))
                 stack.enter_context(analytic_meta_kernels())
+                stack.enter_context(CpuKernels())  # outputs sized by a CPU library at run time
                 known = KnownValues(tensors.sources)  # values that follow from constants and inputs
                 if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
                     stack.enter_context(CudaKernels(self.gpu, known.value))

@@ -1,0 +1,89 @@
+"""Outputs of CPU kernels that PyTorch's meta kernels size otherwise, for analytic runs on the CPU.
+
+A fake tensor's op runs its meta kernel, which gives the outputs' shapes. Where a CPU
+kernel's output is sized by a library at run time, PyTorch's meta kernel may not know the
+size, and an analytic run would count less memory than the real one. :class:`CpuKernels`
+gives such outputs their real size:
+
+- **oneDNN's LSTM** (``aten.mkldnn_rnn_layer``, what ``nn.LSTM`` runs on the CPU in float32
+  and bfloat16): with autograd recording, the kernel returns the workspace oneDNN keeps for
+  the backward pass, ``pd.workspace_desc().get_size()`` bytes
+  (aten/src/ATen/native/mkldnn/RNN.cpp). PyTorch's meta kernel returns an empty one. Its
+  size is :func:`onednn_lstm_workspace_bytes`. Its backward (``mkldnn_rnn_layer_backward``)
+  returns the two bias gradients as two tensors; PyTorch's meta kernel returns one tensor
+  twice, which autograd then copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .formulas import bound_arguments
+
+aten = torch.ops.aten
+
+PAGE = 4096  # oneDNN places each part of an RNN workspace at a page boundary
+FLOAT = 4  # oneDNN's accumulators (the gradients of the states) are float32
+
+
+def _leading_dimension(size: int, element: int) -> int:
+    """oneDNN's ``rnn_utils::get_good_ld``: a row padded to 64 bytes, and one more 64 bytes where
+    the padded row is a multiple of 256 elements (against 4K aliasing)."""
+    step = 64 // element
+    padded = -(-size // step) * step
+    return padded + step if padded % 256 == 0 else padded
+
+
+def onednn_lstm_workspace_bytes(seq: int, batch: int, input_size: int, hidden: int, element: int, cell_element: int) -> int:
+    """The workspace of one oneDNN LSTM layer and direction trained forward (float32 or bfloat16 states
+    of ``element`` bytes, cell states of ``cell_element``), as oneDNN lays it out
+    (src/cpu/rnn/rnn_utils.hpp, ``set_workspace_sizes``; rnn_utils.cpp, ``set_offsets``): each part
+    starts at a page, the whole ends at one.
+
+    - the gates of every step: ``seq · batch`` rows of ``4·hidden``;
+    - the hidden state of every step (``ht``): ``seq · batch`` rows of ``hidden``;
+    - the input and output states of the layer, ``seq + 1`` steps of ``batch`` rows of ``max(input, hidden)``,
+      for the layer and the one above (2);
+    - the cell states, the same steps of ``hidden`` (``cell_element`` bytes);
+    - the gradients of the layer's and of the step's states (float32, rows of ``max(input, hidden)``) and of
+      the cell states (float32, rows of ``hidden``), sized as the states.
+
+    Rows of the states and gates are padded by :func:`_leading_dimension`. Checked against the
+    kernel's own workspace on this CPU (oneDNN 3.x, float32 and bfloat16, tests/test_cpu_kernels.py).
+    """
+    steps = 2 * (seq + 1) * batch  # (layers + 1) · (seq + 1) · batch, one layer per call
+    wide = max(input_size, hidden)
+    parts = (
+        seq * batch * _leading_dimension(4 * hidden, element) * element,
+        seq * batch * _leading_dimension(hidden, element) * element,
+        steps * _leading_dimension(wide, element) * element,
+        steps * hidden * cell_element,
+        steps * _leading_dimension(wide, FLOAT) * FLOAT,
+        steps * _leading_dimension(wide, FLOAT) * FLOAT,
+        steps * hidden * FLOAT,
+    )
+    return sum(-(-part // PAGE) * PAGE for part in parts)
+
+
+class CpuKernels(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Gives the outputs the module's notes list their CPU kernels' sizes (fake tensors only)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is aten.mkldnn_rnn_layer.default and torch.is_grad_enabled() and isinstance(args[0], FakeTensor):
+            bound = bound_arguments(func, args, kwargs or {})
+            x, cx = bound["input"], bound["cx_"]
+            # ATen hands the kernel its input time-major, batch_first or not
+            seq, batch, width = x.shape
+            size = onednn_lstm_workspace_bytes(seq, batch, width, bound["hidden_size"], x.element_size(), cx.element_size())
+            out = (*out[:3], x.new_empty(size, dtype=torch.uint8))
+        elif func is aten.mkldnn_rnn_layer_backward.default and out[3] is out[4] and isinstance(out[3], FakeTensor):
+            out = (*out[:4], torch.empty_like(out[3]), *out[5:])
+        return out

@@ -1,0 +1,82 @@
+"""Outputs that CPU kernels size at run time, against the kernels themselves.
+
+oneDNN's LSTM keeps a workspace for the backward pass whose size oneDNN chooses; PyTorch's
+meta kernel declares it empty. The engine's size of it is checked here against the
+workspace the CPU kernel returns, and analytic training steps against real ones.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_modelprof import profile
+from pytest_modelprof.engine.cpu_kernels import onednn_lstm_workspace_bytes
+
+aten = torch.ops.aten
+
+DTYPES = [torch.float32, torch.bfloat16]
+# (input, hidden, steps, batch): rows padded or not, a multiple of 256 (padded once more), tiny and larger
+SHAPES = [(16, 32, 10, 4), (3, 5, 2, 1), (100, 37, 9, 6), (7, 513, 4, 3), (1000, 20, 5, 7), (256, 256, 12, 8), (512, 1024, 16, 2)]
+
+
+def kernel_workspace(input_size, hidden, steps, batch, dtype):
+    """The workspace the CPU kernel returns for one layer trained forward."""
+    x = torch.randn(steps, batch, input_size, dtype=dtype)
+    w_ih, w_hh = torch.randn(4 * hidden, input_size, dtype=dtype), torch.randn(4 * hidden, hidden, dtype=dtype)
+    bias, h, c = torch.zeros(4 * hidden, dtype=dtype), torch.zeros(batch, hidden, dtype=dtype), torch.zeros(batch, hidden, dtype=dtype)
+    with torch.enable_grad():
+        out = aten.mkldnn_rnn_layer(x, w_ih, w_hh, bias, bias, h, c, False, [], 2, hidden, 1, True, False, False, True)
+    return out[3].numel() * out[3].element_size()
+
+
+def bf16_lstm_runs_on_onednn():
+    lstm = nn.LSTM(4, 8).to(torch.bfloat16)
+    return "aten.mkldnn_rnn_layer" in {op.op for op in profile(lstm, torch.randn(3, 2, 4, dtype=torch.bfloat16)).ops}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_the_workspace_is_the_kernels(shape, dtype):
+    if dtype is torch.bfloat16 and not bf16_lstm_runs_on_onednn():
+        pytest.skip("this CPU runs bfloat16 LSTMs without oneDNN")
+    element = torch.finfo(dtype).bits // 8
+    assert onednn_lstm_workspace_bytes(shape[2], shape[3], shape[0], shape[1], element, element) == kernel_workspace(*shape, dtype)
+
+
+def test_the_workspace_by_hand():
+    """LSTM(16 -> 32), 10 steps of 4, float32: each part page-aligned (4096 bytes).
+    gates 10*4*128*4 = 20480 (5 pages); ht 10*4*32*4 = 5120 (2); states, cell states and the three
+    gradients of states, 2*11*4*32*4 = 11264 each (3 pages each, five parts): 22 pages."""
+    assert onednn_lstm_workspace_bytes(10, 4, 16, 32, 4, 4) == 22 * 4096
+
+
+class Recurrent(nn.Module):
+    def __init__(self, bidirectional=False, batch_first=True):
+        super().__init__()
+        self.lstm = nn.LSTM(12, 24, num_layers=2, batch_first=batch_first, bidirectional=bidirectional)
+        self.head = nn.Linear(24 * (2 if bidirectional else 1), 3)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["one way", "both ways"])
+def test_an_analytic_lstm_step_holds_what_a_real_one_does(bidirectional, dtype):
+    if dtype is torch.bfloat16 and not bf16_lstm_runs_on_onednn():
+        pytest.skip("this CPU runs bfloat16 LSTMs without oneDNN")
+    model = Recurrent(bidirectional).to(dtype)
+    x = torch.randn(3, 9, 12, dtype=dtype)
+    real, analytic = profile(model, x, train=True), profile(model, x, train=True, device="meta")
+    assert "aten.mkldnn_rnn_layer" in {op.op for op in real.ops}
+    assert analytic.peak_memory_bytes == real.peak_memory_bytes
+    assert analytic.memory.category_max == real.memory.category_max
+
+
+def test_inference_keeps_no_workspace():
+    """Without autograd the kernel returns no workspace, and neither does the analytic run."""
+    model = Recurrent()
+    x = torch.randn(3, 9, 12)
+    real, analytic = profile(model, x), profile(model, x, device="meta")
+    assert analytic.peak_memory_bytes == real.peak_memory_bytes
+    assert analytic.memory.category_max == real.memory.category_max
