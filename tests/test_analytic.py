@@ -109,3 +109,31 @@ def test_analytic_memory_of_the_fused_cpu_lstm():
     _, factory, inputs = workloads()[2]
     model = factory()
     assert memory_figures(profile(model, inputs, train=True, device="meta")) == memory_figures(profile(model, inputs, train=True))
+
+
+def test_grad_enabled_inference_keeps_what_autograd_saves_analytically():
+    """``no_grad=False``: the parameters require gradients, as the caller's do, so autograd saves the
+    GELU's input for the backward pass in an analytic run as in a real one."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
+    x = torch.randn(8, 64)
+    real, analytic = profile(model, x, no_grad=False), profile(model, x, no_grad=False, device="meta")
+    assert real.memory.category_max["activations"] >= 8 * 64 * 4
+    assert memory_figures(analytic) == memory_figures(real)
+
+
+def test_a_batched_product_with_a_parameter_is_folded_as_in_a_real_run():
+    """``torch.matmul`` of a non-contiguous 3-d tensor by a parameter folds it into one ``mm`` when the
+    parameter requires a gradient (at::native::should_fold), in inference too."""
+
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            return x.transpose(0, 1) @ self.weight
+
+    x = torch.randn(5, 3, 8)
+    real, analytic = profile(Mixer(), x), profile(Mixer(), x, device="meta")
+    assert [op.op for op in analytic.ops if op.flops] == [op.op for op in real.ops if op.flops] == ["aten.mm"]
+    assert memory_figures(analytic) == memory_figures(real)

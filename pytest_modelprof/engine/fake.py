@@ -100,7 +100,7 @@ def run_tensors(workload: Workload) -> RunTensors:
 
     def parameter(t: torch.Tensor) -> torch.Tensor:
         run = t.detach().to(target, copy=True) if copy_params and fake_mode is None else convert(t)
-        return run.requires_grad_(train and t.requires_grad)
+        return run.requires_grad_(t.requires_grad)  # as the caller's: matmul folds by it, and grad-enabled inference saves by it
 
     def copy(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
