@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pytest_modelprof import profile
-from pytest_modelprof.engine.cpu_kernels import onednn_lstm_workspace_bytes
+from pytest_modelprof.engine.kernel_outputs import onednn_lstm_workspace_bytes
 
 aten = torch.ops.aten
 
@@ -80,3 +80,22 @@ def test_inference_keeps_no_workspace():
     real, analytic = profile(model, x), profile(model, x, device="meta")
     assert analytic.peak_memory_bytes == real.peak_memory_bytes
     assert analytic.memory.category_max == real.memory.category_max
+
+
+def test_a_fold_keeps_the_columns_storage():
+    """col2im makes its output like the columns and shrinks it to the image: a fold of 3x3 patches
+    over a 6x6 image (36 columns of 4*9 values, batch 2) holds 2*36*36 floats, not the image's 2*4*36."""
+    fold = nn.Fold(output_size=(6, 6), kernel_size=3, padding=1)
+    x = torch.randn(2, 4 * 9, 36)
+    columns = 2 * 36 * 36 * 4
+    real, analytic = profile(fold, x), profile(fold, x, device="meta")
+    assert real.peak_memory_bytes == analytic.peak_memory_bytes == 2 * columns  # the input and the output
+
+
+def test_a_fold_into_a_larger_image_holds_the_image():
+    """Patches that do not cover the image (kernel 2, stride 3): the output is grown to the image."""
+    fold = nn.Fold(output_size=(8, 8), kernel_size=2, stride=3)
+    x = torch.randn(2, 4 * 4, 9)
+    image = 2 * 4 * 8 * 8 * 4
+    real, analytic = profile(fold, x), profile(fold, x, device="meta")
+    assert real.peak_memory_bytes == analytic.peak_memory_bytes == 2 * 16 * 9 * 4 + image

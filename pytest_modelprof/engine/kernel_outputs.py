@@ -1,9 +1,10 @@
-"""Outputs of CPU kernels that PyTorch's meta kernels size otherwise, for analytic runs on the CPU.
+"""Outputs whose storage a kernel sizes otherwise than PyTorch's meta kernel, for analytic runs.
 
-A fake tensor's op runs its meta kernel, which gives the outputs' shapes. Where a CPU
-kernel's output is sized by a library at run time, PyTorch's meta kernel may not know the
-size, and an analytic run would count less memory than the real one. :class:`CpuKernels`
-gives such outputs their real size:
+A fake tensor's op runs its meta kernel, which gives the outputs' shapes and a storage
+that just holds them. Where the real kernel's output owns more (a storage allocated for
+one shape and then shrunk, a workspace a library sizes at run time), an analytic run
+would count less memory than a real one. :class:`KernelOutputs` gives those outputs the
+storage their kernels give them:
 
 - **oneDNN's LSTM** (``aten.mkldnn_rnn_layer``, what ``nn.LSTM`` runs on the CPU in float32
   and bfloat16): with autograd recording, the kernel returns the workspace oneDNN keeps for
@@ -12,6 +13,10 @@ gives such outputs their real size:
   size is :func:`onednn_lstm_workspace_bytes`. Its backward (``mkldnn_rnn_layer_backward``)
   returns the two bias gradients as two tensors; PyTorch's meta kernel returns one tensor
   twice, which autograd then copies.
+- **col2im** (``F.fold``; CPU and CUDA, aten/src/ATen/native/Col2Im.cpp and cuda/Col2Im.cu):
+  the output is made ``empty_like`` the columns and then resized to the image, so it keeps
+  the columns' storage where that is the larger (a fold of overlapping patches: kernel
+  area times larger).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def onednn_lstm_workspace_bytes(seq: int, batch: int, input_size: int, hidden: i
       the cell states (float32, rows of ``hidden``), sized as the states.
 
     Rows of the states and gates are padded by :func:`_leading_dimension`. Checked against the
-    kernel's own workspace on this CPU (oneDNN 3.x, float32 and bfloat16, tests/test_cpu_kernels.py).
+    kernel's own workspace on this CPU (oneDNN 3.x, float32 and bfloat16, tests/test_kernel_outputs.py).
     """
     steps = 2 * (seq + 1) * batch  # (layers + 1) · (seq + 1) · batch, one layer per call
     wide = max(input_size, hidden)
@@ -69,8 +74,8 @@ def onednn_lstm_workspace_bytes(seq: int, batch: int, input_size: int, hidden: i
     return sum(-(-part // PAGE) * PAGE for part in parts)
 
 
-class CpuKernels(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Gives the outputs the module's notes list their CPU kernels' sizes (fake tensors only)."""
+class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Gives the outputs the module's notes list the storage their kernels give them (fake tensors only)."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -86,4 +91,7 @@ class CpuKernels(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = (*out[:3], x.new_empty(size, dtype=torch.uint8))
         elif func is aten.mkldnn_rnn_layer_backward.default and out[3] is out[4] and isinstance(out[3], FakeTensor):
             out = (*out[:4], torch.empty_like(out[3]), *out[5:])
+        elif func is aten.col2im.default and isinstance(args[0], FakeTensor):
+            image = torch.empty_like(args[0], memory_format=torch.contiguous_format)
+            out = image.resize_(out.shape)  # as the kernel: the columns' storage, shrunk or grown to the image
         return out

@@ -26,10 +26,10 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTen
 from torch.utils._pytree import tree_flatten
 
 from .backward import HookGuard, SavedTensors, run_backward
-from .cpu_kernels import CpuKernels
 from .distributed import Parallel, wait_for
 from .errors import ProfileError
 from .fake import RunTensors, analytic_meta_kernels, choose_mode, run_tensors, tensors_in
+from .kernel_outputs import KernelOutputs
 from .modules import ModuleTracker
 from .routing import Routing
 from .targets.gpus import GPUSpec, gpu_spec
@@ -176,7 +176,7 @@ class Workload:
                 stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
                 stack.enter_context(_dense_encoders(self.model))
                 stack.enter_context(analytic_meta_kernels())
-                stack.enter_context(CpuKernels())  # outputs sized by a CPU library at run time
+                stack.enter_context(KernelOutputs())  # outputs whose storage the kernel sizes otherwise than the meta kernel
                 known = KnownValues(tensors.sources)  # values that follow from constants and inputs
                 if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
                     stack.enter_context(CudaKernels(self.gpu, known.value))
