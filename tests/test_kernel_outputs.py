@@ -99,3 +99,13 @@ def test_a_fold_into_a_larger_image_holds_the_image():
     image = 2 * 4 * 8 * 8 * 4
     real, analytic = profile(fold, x), profile(fold, x, device="meta")
     assert real.peak_memory_bytes == analytic.peak_memory_bytes == 2 * 16 * 9 * 4 + image
+
+
+def test_an_unfold_whose_stride_passes_its_kernel_keeps_the_image_storage():
+    """im2col makes its output like the image and resizes it to the columns: 2x2 patches every 3 pixels
+    of a 9x9 image (2 x 4 channels) take 2*16*9 floats but hold the image's 2*4*81."""
+    unfold = nn.Unfold(kernel_size=2, stride=3)
+    x = torch.randn(2, 4, 9, 9)
+    image = 2 * 4 * 81 * 4
+    real, analytic = profile(unfold, x), profile(unfold, x, device="meta")
+    assert real.peak_memory_bytes == analytic.peak_memory_bytes == 2 * image

@@ -13,10 +13,11 @@ storage their kernels give them:
   size is :func:`onednn_lstm_workspace_bytes`. Its backward (``mkldnn_rnn_layer_backward``)
   returns the two bias gradients as two tensors; PyTorch's meta kernel returns one tensor
   twice, which autograd then copies.
-- **col2im** (``F.fold``; CPU and CUDA, aten/src/ATen/native/Col2Im.cpp and cuda/Col2Im.cu):
-  the output is made ``empty_like`` the columns and then resized to the image, so it keeps
-  the columns' storage where that is the larger (a fold of overlapping patches: kernel
-  area times larger).
+- **im2col and col2im** (``F.unfold``, ``F.fold``; CPU and CUDA, aten/src/ATen/native/Im2Col.cpp,
+  Col2Im.cpp and their cuda/ versions): the output is made ``empty_like`` the input and then
+  resized, so it keeps the input's storage where that is the larger: a fold of overlapping
+  patches holds the columns (kernel area times the image), an unfold whose stride passes
+  its kernel holds the image.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = (*out[:3], x.new_empty(size, dtype=torch.uint8))
         elif func is aten.mkldnn_rnn_layer_backward.default and out[3] is out[4] and isinstance(out[3], FakeTensor):
             out = (*out[:4], torch.empty_like(out[3]), *out[5:])
-        elif func is aten.col2im.default and isinstance(args[0], FakeTensor):
-            image = torch.empty_like(args[0], memory_format=torch.contiguous_format)
-            out = image.resize_(out.shape)  # as the kernel: the columns' storage, shrunk or grown to the image
+        elif func in (aten.im2col.default, aten.col2im.default) and isinstance(args[0], FakeTensor):
+            made = torch.empty_like(args[0], memory_format=torch.contiguous_format)
+            out = made.resize_(out.shape)  # as the kernel: the input's storage, shrunk or grown to the output
         return out
