@@ -109,3 +109,21 @@ def test_an_unfold_whose_stride_passes_its_kernel_keeps_the_image_storage():
     image = 2 * 4 * 81 * 4
     real, analytic = profile(unfold, x), profile(unfold, x, device="meta")
     assert real.peak_memory_bytes == analytic.peak_memory_bytes == 2 * image
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [nn.functional.mse_loss, nn.functional.smooth_l1_loss, nn.functional.soft_margin_loss, nn.functional.binary_cross_entropy],
+    ids=lambda f: f.__name__,
+)
+def test_a_reduced_loss_keeps_the_elementwise_storage(loss):
+    """The scalar loss of these kernels is made for the elementwise loss and resized: a loss over
+    a 4x3x16x16 output holds 4*3*16*16 floats through the backward pass, in a real step and an analytic one."""
+    model = nn.Sequential(nn.Conv2d(3, 3, 3, padding=1), nn.Sigmoid())
+    x, target = torch.randn(4, 3, 16, 16), torch.rand(4, 3, 16, 16)
+    real = profile(model, x, train=True, loss_fn=lambda out: loss(out, target))
+    analytic = profile(model, x, train=True, loss_fn=lambda out: loss(out, target), device="meta")
+    held = {op.op: op.allocated_bytes for op in real.ops}[f"aten.{loss.__name__}"]
+    assert held == 4 * 3 * 16 * 16 * 4
+    assert {op.op: op.allocated_bytes for op in analytic.ops}[f"aten.{loss.__name__}"] == held
+    assert analytic.peak_memory_bytes == real.peak_memory_bytes

@@ -18,6 +18,11 @@ storage their kernels give them:
   resized, so it keeps the input's storage where that is the larger: a fold of overlapping
   patches holds the columns (kernel area times the image), an unfold whose stride passes
   its kernel holds the image.
+- **reduced losses** (``mse_loss``, ``smooth_l1_loss``, ``soft_margin_loss``,
+  ``binary_cross_entropy`` with ``reduction="mean"`` or ``"sum"``; CPU and CUDA,
+  aten/src/ATen/native/Loss.cpp, cuda/Loss.cu): the output is made for the elementwise loss
+  (of the broadcast shape) and resized to the scalar, so the loss a training step holds
+  through its backward pass keeps the elementwise loss's bytes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .formulas import bound_arguments
 
 aten = torch.ops.aten
+
+# losses whose reduced output keeps the storage made for the elementwise loss
+REDUCED_LOSSES = frozenset(
+    {aten.mse_loss.default, aten.smooth_l1_loss.default, aten.soft_margin_loss.default, aten.binary_cross_entropy.default}
+)
 
 PAGE = 4096  # oneDNN places each part of an RNN workspace at a page boundary
 FLOAT = 4  # oneDNN's accumulators (the gradients of the states) are float32
@@ -95,4 +105,8 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
         elif func in (aten.im2col.default, aten.col2im.default) and isinstance(args[0], FakeTensor):
             made = torch.empty_like(args[0], memory_format=torch.contiguous_format)
             out = made.resize_(out.shape)  # as the kernel: the input's storage, shrunk or grown to the output
+        elif func in REDUCED_LOSSES and isinstance(args[0], FakeTensor) and out.dim() == 0:
+            bound = bound_arguments(func, args, kwargs or {})
+            made = args[0].new_empty(torch.broadcast_shapes(bound["self"].shape, bound["target"].shape), dtype=out.dtype)  # type: ignore[no-untyped-call]
+            out = made.resize_(())
         return out
