@@ -458,3 +458,16 @@ def test_cudnns_grid_sampler_copies_a_strided_grid_and_an_expanded_input():
     assert on_gpu(backward, (expanded, grid.contiguous(), grad)) == [2 * 8 * 16 * 16 * 4]
     single = torch.empty(1, 8, 5, 7, device="meta").as_strided((1, 8, 5, 7), (0, 35, 7, 1))  # stride 0 of a size-1 dim
     assert on_gpu(backward, (x[:1], grid[:1].contiguous(), single)) == []  # contiguous already: no copy
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "smooth_l1_loss", "soft_margin_loss"])
+def test_a_reduced_loss_computes_its_elementwise_loss_inside_the_call(loss):
+    # the elementwise loss of a 64 x 4096 fp32 pair (1 MiB), then its mean: 262144 values into one
+    # output, split across blocks as the GPU allows (the reduction's own staging, tested above)
+    func = getattr(torch.ops.aten, loss).default
+    x, target = (torch.empty(64, 4096, device="meta") for _ in range(2))
+    out = torch.empty((), device="meta")
+    elementwise = 64 * 4096 * 4
+    staging = scratch(torch.empty(64 * 4096, device="meta"), [0])
+    assert on_gpu(func, (x, target), {"reduction": 1}, out) == [elementwise, *staging]
+    assert on_gpu(func, (x, target), {"reduction": 0}, torch.empty(64, 4096, device="meta")) == []

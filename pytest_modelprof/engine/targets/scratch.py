@@ -42,6 +42,9 @@ the float partial sums of the rows they pick, one row per index.
 
 **CTC** (:func:`ctc_scratch`): the backward pass's backward variables, and per-sequence offsets.
 
+**Reduced losses** (:func:`loss_scratch`): the elementwise loss that ``mse_loss``, ``smooth_l1_loss`` and
+``soft_margin_loss`` compute before reducing it, and the reduction's own staging.
+
 **Recurrent layers** (:func:`rnn_scratch`): the layout copies and zeros ATen makes around
 cuDNN's calls. cuDNN's own RNN workspace is sized by cuDNN at run time and not included.
 """
@@ -144,7 +147,33 @@ def kernel_scratch(
         return grid_sampler_scratch(func, args, kwargs)
     if name in ("aten._ctc_loss", "aten._ctc_loss_backward", "aten._cudnn_ctc_loss"):
         return ctc_scratch(name, func, args, kwargs)
+    if name in LOSSES:
+        return loss_scratch(name, func, args, kwargs, out, sm_count, capability)
     return rnn_scratch(name, func, args, kwargs)
+
+
+# losses that compute the elementwise loss inside their call and then reduce it
+LOSSES = frozenset({"aten.mse_loss", "aten.smooth_l1_loss", "aten.soft_margin_loss", "aten.binary_cross_entropy"})
+
+
+def loss_scratch(
+    name: str, func: Any, args: Any, kwargs: dict[str, Any], out: Any, sm_count: int, capability: tuple[int, int]
+) -> list[int]:
+    """What a reduced loss allocates inside its call (aten/src/ATen/native/Loss.cpp, cuda/Loss.cu), beside
+    its output (which is made for the elementwise loss and resized to the scalar, see
+    :mod:`...kernel_outputs`): ``mse_loss`` and ``smooth_l1_loss`` compute the elementwise loss into a
+    tensor of their own and reduce it into the output; ``soft_margin_loss`` makes ``input * target``
+    first; ``binary_cross_entropy`` reduces its output into a new scalar and copies it back. Each
+    reduction stages as :func:`reduction_scratch` works out."""
+    bound = bound_arguments(func, args, kwargs)
+    source, target, reduction = bound["self"], bound["target"], bound["reduction"]
+    if not isinstance(out, torch.Tensor) or not reduction or not isinstance(source, torch.Tensor):
+        return []
+    elementwise = torch.empty(torch.broadcast_shapes(source.shape, target.shape), dtype=out.dtype, device="meta")  # type: ignore[no-untyped-call]
+    packet, overload = ("aten.mean", torch.ops.aten.mean.default) if reduction == 1 else ("aten.sum", torch.ops.aten.sum.default)
+    staging = reduction_scratch(packet, overload, (elementwise,), {}, out, sm_count, capability)
+    first = out.element_size() if name == "aten.binary_cross_entropy" else elementwise.numel() * elementwise.element_size()
+    return [first, *staging]
 
 
 def convolution_bias_scratch(
