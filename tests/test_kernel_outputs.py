@@ -8,9 +8,10 @@ workspace the CPU kernel returns, and analytic training steps against real ones.
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pytest_modelprof import profile
-from pytest_modelprof.engine.kernel_outputs import onednn_lstm_workspace_bytes
+from pytest_modelprof.engine.kernel_outputs import KernelOutputs, onednn_lstm_workspace_bytes
 
 aten = torch.ops.aten
 
@@ -126,4 +127,68 @@ def test_a_reduced_loss_keeps_the_elementwise_storage(loss):
     held = {op.op: op.allocated_bytes for op in real.ops}[f"aten.{loss.__name__}"]
     assert held == 4 * 3 * 16 * 16 * 4
     assert {op.op: op.allocated_bytes for op in analytic.ops}[f"aten.{loss.__name__}"] == held
+    assert analytic.peak_memory_bytes == real.peak_memory_bytes
+
+
+def _layouts():
+    """Inputs laid out as models make them: transposed (2-d and 3-d), channels-last, contiguous."""
+    return {
+        "2d transposed": torch.randn(6, 5).t(),
+        "3d transposed": torch.randn(4, 6, 5).transpose(1, 2),
+        "channels last": torch.randn(2, 6, 5, 3).to(memory_format=torch.channels_last),
+        "contiguous": torch.randn(2, 6, 5, 3),
+    }
+
+
+def _norm_ops(x):
+    """Ops whose layout rule KernelOutputs carries, called on ``x`` (channels: dim 1)."""
+    channels, rows = x.shape[1], x.shape[:-1]
+    ones, zeros = torch.ones(channels), torch.zeros(channels)
+    return {
+        "batch norm": lambda t: aten.native_batch_norm(t, ones, zeros, zeros.clone(), ones.clone(), True, 0.1, 1e-5)[0],
+        "batch norm, eval": lambda t: aten._native_batch_norm_legit_no_training(t, ones, zeros, zeros, ones, 0.1, 1e-5)[0],
+        "batch norm backward": lambda t: aten.native_batch_norm_backward(
+            t, t, ones, zeros, ones, zeros, ones, True, 1e-5, [True, True, True]
+        )[0],
+        "layer norm backward": lambda t: aten.native_layer_norm_backward(
+            t, t, [t.shape[-1]], torch.zeros(*rows, 1), torch.ones(*rows, 1), torch.ones(t.shape[-1]), None, [True, True, False]
+        )[0],
+        "group norm backward": lambda t: aten.native_group_norm_backward(
+            t, t, torch.zeros(t.shape[0], 1), torch.ones(t.shape[0], 1), ones, t.shape[0], channels, t[0, 0].numel(), 1, [True, True, True]
+        )[0],
+        "log_softmax backward": lambda t: aten._log_softmax_backward_data(t, t.contiguous(), 1, t.dtype),
+        "log_sigmoid": lambda t: aten.log_sigmoid_forward(t)[0],
+        "huber backward": lambda t: aten.huber_loss_backward(torch.tensor(1.0), t, t.contiguous(), 1, 1.0),
+        "dropout backward": lambda t: aten.native_dropout_backward(t, t > 0, 2.0),
+    }
+
+
+@pytest.mark.parametrize("layout", list(_layouts()))
+@pytest.mark.parametrize("op", list(_norm_ops(torch.empty(2, 3, 4, 5))))
+def test_an_output_is_laid_out_as_the_kernel_lays_it_out(op, layout):
+    x = _layouts()[layout]
+    func = _norm_ops(x)[op]
+    real = func(x)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode, KernelOutputs():
+        fake = func(fake_mode.from_tensor(x))
+    assert fake.stride() == real.stride()
+
+
+def test_a_transposed_layer_norm_gradient_is_not_copied_twice():
+    """A layer norm whose output is transposed before a linear layer (as PVT's spatial reduction
+    does): the real kernel returns a contiguous input gradient, so the next linear layer's
+    backward does not copy it; the analytic step holds what the real one does."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc = nn.LayerNorm(16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.fc(self.norm(x).transpose(1, 2).transpose(1, 2) + x)
+
+    model = Block()
+    x = torch.randn(2, 16, 16).transpose(1, 2)
+    real, analytic = profile(model, x, train=True), profile(model, x, train=True, device="meta")
+    assert [(op.op, op.calls, op.allocated_bytes) for op in analytic.ops] == [(op.op, op.calls, op.allocated_bytes) for op in real.ops]
     assert analytic.peak_memory_bytes == real.peak_memory_bytes

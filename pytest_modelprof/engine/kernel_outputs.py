@@ -23,6 +23,15 @@ storage their kernels give them:
   aten/src/ATen/native/Loss.cpp, cuda/Loss.cu): the output is made for the elementwise loss
   (of the broadcast shape) and resized to the scalar, so the loss a training step holds
   through its backward pass keeps the elementwise loss's bytes.
+- **layouts**: some meta kernels lay out their output like a non-contiguous input where the
+  real kernel makes it contiguous (or the other way round), and what follows then copies in
+  one run and not in the other (a ``reshape`` of a transposed gradient): the normalisations'
+  outputs and gradients (batch norm: the input's suggested memory format, channels-last kept,
+  anything else contiguous; layer norm's input gradient: contiguous; group norm's: as batch
+  norm on the CPU, contiguous on CUDA), ``log_softmax``'s gradient, ``log_sigmoid`` on the CPU
+  and the Huber loss's gradient (contiguous), and dropout's gradient on the CPU (the incoming
+  gradient's layout). :data:`LAYOUTS`; each checked against the CPU kernels in
+  tests/test_kernel_outputs.py.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -41,6 +51,31 @@ aten = torch.ops.aten
 REDUCED_LOSSES = frozenset(
     {aten.mse_loss.default, aten.smooth_l1_loss.default, aten.soft_margin_loss.default, aten.binary_cross_entropy.default}
 )
+
+# an op -> how its real kernels lay out its first output: by the suggested memory format of an
+# argument, contiguous, or as an argument (empty_like); and whether the rule holds for the CPU only
+_LAYOUT_RULES = {
+    "native_batch_norm.default": ("suggested", "input", False),
+    "_native_batch_norm_legit.default": ("suggested", "input", False),
+    "_native_batch_norm_legit.no_stats": ("suggested", "input", False),
+    "_native_batch_norm_legit_no_training.default": ("suggested", "input", False),
+    "_batch_norm_with_update.default": ("suggested", "input", False),
+    "_batch_norm_no_update.default": ("suggested", "input", False),
+    "native_batch_norm_backward.default": ("suggested", "input", False),
+    "batch_norm_backward.default": ("suggested", "input", False),
+    "native_layer_norm_backward.default": ("contiguous", None, False),
+    "native_group_norm_backward.default": ("suggested on cpu", "input", False),
+    "_log_softmax_backward_data.default": ("contiguous", None, False),
+    "huber_loss_backward.default": ("contiguous", None, False),
+    "log_sigmoid_forward.default": ("contiguous", None, True),
+    "native_dropout_backward.default": ("like", "grad_output", True),
+}
+LAYOUTS: dict[Any, tuple[str, str | None, bool]] = {
+    getattr(getattr(aten, packet), overload): rule
+    for name, rule in _LAYOUT_RULES.items()
+    for packet, _, overload in [name.partition(".")]
+    if hasattr(aten, packet) and overload in getattr(aten, packet).overloads()
+}
 
 PAGE = 4096  # oneDNN places each part of an RNN workspace at a page boundary
 FLOAT = 4  # oneDNN's accumulators (the gradients of the states) are float32
@@ -109,4 +144,23 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             bound = bound_arguments(func, args, kwargs or {})
             made = args[0].new_empty(torch.broadcast_shapes(bound["self"].shape, bound["target"].shape), dtype=out.dtype)  # type: ignore[no-untyped-call]
             out = made.resize_(())
+        elif func in LAYOUTS and isinstance(args[0], FakeTensor):
+            out = _laid_out(func, args, kwargs or {}, out)
         return out
+
+
+def _laid_out(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
+    """``out`` with its first output laid out as the real kernel lays it out (see :data:`LAYOUTS`)."""
+    rule, argument, cpu_only = LAYOUTS[func]
+    first = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(first, FakeTensor) or (cpu_only and first.device.type != "cpu"):
+        return out
+    source = bound_arguments(func, args, kwargs)[argument] if argument else first
+    if rule == "like":
+        made = torch.empty_like(source, dtype=first.dtype)
+    else:
+        suggested = rule == "suggested" or (rule == "suggested on cpu" and first.device.type == "cpu")
+        made = torch.empty_like(first, memory_format=suggest_memory_format(source) if suggested else torch.contiguous_format)
+    if made.stride() == first.stride():
+        return out
+    return made if first is out else type(out)((made, *out[1:]))
