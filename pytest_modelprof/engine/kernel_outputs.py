@@ -1,10 +1,11 @@
-"""Outputs whose storage a kernel sizes otherwise than PyTorch's meta kernel, for analytic runs.
+"""Outputs that a kernel makes otherwise than PyTorch's meta kernel (their storage, their layout), for analytic runs.
 
 A fake tensor's op runs its meta kernel, which gives the outputs' shapes and a storage
 that just holds them. Where the real kernel's output owns more (a storage allocated for
 one shape and then shrunk, a workspace a library sizes at run time), an analytic run
-would count less memory than a real one. :class:`KernelOutputs` gives those outputs the
-storage their kernels give them:
+would count less memory than a real one; where it is laid out otherwise, the ops that
+follow copy in one run and not in the other. :class:`KernelOutputs` gives those outputs
+the storage and layout their kernels give them:
 
 - **oneDNN's LSTM** (``aten.mkldnn_rnn_layer``, what ``nn.LSTM`` runs on the CPU in float32
   and bfloat16): with autograd recording, the kernel returns the workspace oneDNN keeps for
@@ -121,7 +122,7 @@ def onednn_lstm_workspace_bytes(seq: int, batch: int, input_size: int, hidden: i
 
 
 class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Gives the outputs the module's notes list the storage their kernels give them (fake tensors only)."""
+    """Gives the outputs the module's notes list the storage and layout their kernels give them (fake tensors only)."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
