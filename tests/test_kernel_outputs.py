@@ -192,3 +192,17 @@ def test_a_transposed_layer_norm_gradient_is_not_copied_twice():
     real, analytic = profile(model, x, train=True), profile(model, x, train=True, device="meta")
     assert [(op.op, op.calls, op.allocated_bytes) for op in analytic.ops] == [(op.op, op.calls, op.allocated_bytes) for op in real.ops]
     assert analytic.peak_memory_bytes == real.peak_memory_bytes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding_idx", [None, 0], ids=["no padding", "padding"])
+def test_an_embedding_bag_maps_its_indices_as_the_cpu_kernel_does(mode, dtype, padding_idx):
+    """offset2bag: none on the fast path of a sum, else one entry per index, made one longer."""
+    bag = nn.EmbeddingBag(50, 8, mode=mode, padding_idx=padding_idx).to(dtype)
+    indices, offsets = torch.randint(1, 50, (40,)), torch.arange(0, 40, 5)
+    for train in (False, True):
+        real = profile(bag, (indices, offsets), train=train)
+        analytic = profile(bag, (indices, offsets), train=train, device="meta")
+        assert [(op.op, op.allocated_bytes) for op in analytic.ops] == [(op.op, op.allocated_bytes) for op in real.ops]
+        assert analytic.peak_memory_bytes == real.peak_memory_bytes

@@ -24,6 +24,9 @@ the storage and layout their kernels give them:
   aten/src/ATen/native/Loss.cpp, cuda/Loss.cu): the output is made for the elementwise loss
   (of the broadcast shape) and resized to the scalar, so the loss a training step holds
   through its backward pass keeps the elementwise loss's bytes.
+- **embedding bags on the CPU** (aten/src/ATen/native/EmbeddingBag.cpp, ``make_offset2bag_out``): the
+  map of each index to its bag is made one longer and then resized, and is skipped on the
+  fast path of a sum, which bfloat16 weights take as well as float32 and float16 ones.
 - **layouts**: some meta kernels lay out their output like a non-contiguous input where the
   real kernel makes it contiguous (or the other way round), and what follows then copies in
   one run and not in the other (a ``reshape`` of a transposed gradient): the normalisations'
@@ -52,6 +55,9 @@ aten = torch.ops.aten
 REDUCED_LOSSES = frozenset(
     {aten.mse_loss.default, aten.smooth_l1_loss.default, aten.soft_margin_loss.default, aten.binary_cross_entropy.default}
 )
+
+EMBEDDING_BAGS = frozenset({aten._embedding_bag.default, aten._embedding_bag_forward_only.default})
+SUM, MEAN, MAX = 0, 1, 2  # embedding bag modes
 
 # an op -> how its real kernels lay out its first output: by the suggested memory format of an
 # argument, contiguous, or as an argument (empty_like); and whether the rule holds for the CPU only
@@ -145,6 +151,8 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             bound = bound_arguments(func, args, kwargs or {})
             made = args[0].new_empty(torch.broadcast_shapes(bound["self"].shape, bound["target"].shape), dtype=out.dtype)  # type: ignore[no-untyped-call]
             out = made.resize_(())
+        elif func in EMBEDDING_BAGS and isinstance(args[0], FakeTensor) and args[0].device.type == "cpu":
+            out = (out[0], _offset2bag(func, args, kwargs or {}, out[0]), *out[2:])
         elif func in LAYOUTS and isinstance(args[0], FakeTensor):
             out = _laid_out(func, args, kwargs or {}, out)
         return out
@@ -165,3 +173,22 @@ def _laid_out(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
     if made.stride() == first.stride():
         return out
     return made if first is out else type(out)((made, *out[1:]))
+
+
+def _offset2bag(func: Any, args: Any, kwargs: dict[str, Any], output: torch.Tensor) -> torch.Tensor:
+    """The CPU kernel's map of indices to bags: none on the fast path of a sum (float32, float16 or
+    bfloat16 weights read along rows, no padding index), else one entry per index, made one longer."""
+    bound = bound_arguments(func, args, kwargs)
+    weight, indices, scale = bound["weight"], bound["indices"], bound["per_sample_weights"]
+    offsets: torch.Tensor = bound["offsets"]
+    fast = (
+        weight.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and weight.stride(1) == 1
+        and output.stride(1) == 1
+        and bound["padding_idx"] < 0
+        and (scale is None or scale.stride(0) == 1)
+    )
+    if bound["mode"] == SUM and fast:
+        return offsets.new_empty(0)
+    entries: int = indices.size(0)
+    return offsets.new_empty(entries + 1).resize_(entries)
