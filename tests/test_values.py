@@ -182,3 +182,42 @@ def test_an_analytic_run_never_writes_into_the_callers_tensors():
     model = Table()
     profile(model, torch.randn(2, 8), device="meta")
     assert torch.equal(model.table, torch.zeros(4, 8))
+
+
+class LayerDrop(nn.Module):
+    """Skips each layer with probability ``p`` in training, as LayerDrop does."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.layers, self.p = nn.ModuleList(nn.Linear(8, 8) for _ in range(3)), p
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.p > 0 and self.training and torch.rand([]) < self.p:
+                continue
+            x = layer(x)
+        return x
+
+
+def test_a_random_draw_read_in_python_is_explained():
+    with pytest.raises(
+        ProfileError, match=r"\(LayerDrop\) raised RandomValueRead.*reads a random number in Python.*layer-drop probability of 0"
+    ):
+        profile(LayerDrop(0.5), torch.randn(4, 8), train=True, device="meta")
+
+
+def test_a_value_computed_from_a_random_draw_is_explained_too():
+    class Jitter(nn.Module):
+        def forward(self, x):
+            shift = (torch.rand(1) * 4).long()  # computed from a draw: still a draw
+            return x.roll(int(shift), 0)
+
+    with pytest.raises(ProfileError, match="reads a random number in Python"):
+        profile(Jitter(), torch.randn(4, 8), device="meta")
+
+
+def test_without_the_random_skip_every_layer_is_profiled():
+    model, x = LayerDrop(0.0), torch.randn(4, 8)
+    analytic = profile(model, x, train=True, device="meta")
+    # each layer's product (4 x 8 x 8) forward and for its weight's gradient; for its input's, all but the first
+    assert analytic.macs == profile(model, x, train=True).macs == (3 + 3 + 2) * 4 * 8 * 8

@@ -10,7 +10,10 @@ with the inputs. :class:`KnownValues` works out, on the CPU beside the run, the 
 each small tensor (:data:`LIMIT` elements at most) made only from constants and from the
 caller's real input tensors and buffers, and answers those reads with it. Random numbers,
 uninitialised memory, the weights and meta tensors have no known value: a read of a
-tensor made from them still fails (see :func:`unknown_value_hint`).
+tensor made from them still fails (see :func:`unknown_value_hint`). A read of a value made from
+random numbers (LayerDrop's ``torch.rand([]) < p``, deciding whether to skip a layer) fails
+with its own hint: an analytic run draws none, and a value it would invent would decide
+the step's cost.
 
 Aliasing is followed as it is in a real run: a view's value is a view of its base's, so
 writes through either reach both; a write whose operands are not all known makes the
@@ -20,7 +23,7 @@ written tensor, and every tensor sharing its storage, unknown.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -64,6 +67,10 @@ _CTC = frozenset(op for op in (getattr(aten._ctc_loss, name, None) for name in (
 _SIZED_BY_MASKS = frozenset({aten.index.Tensor, aten.masked_select.default})
 
 
+class RandomValueRead(DataDependentOutputException):
+    """A read of a value an analytic run cannot have: one made from random numbers."""
+
+
 class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Works out the values of small tensors made from constants and ``sources`` (pairs of a run's fake
     tensor and the real tensor it stands for), and answers reads of them (see the module's notes)."""
@@ -72,6 +79,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
         self._values: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...]]] = {}  # func -> (values computable, what it writes)
+        self._drawn: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors made from random numbers
         for fake, real in sources:
             if (
                 not isinstance(real, FakeTensor)
@@ -101,6 +109,24 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
         values[key] = (weakref.ref(fake, dead), real)
 
+    def _is_drawn(self, t: torch.Tensor) -> bool:
+        entry = self._drawn.get(id(t))
+        return entry is not None and entry() is t
+
+    def _draw(self, out: Any) -> None:
+        """The tensors of ``out`` are made from random numbers."""
+        drawn = self._drawn
+
+        def gone(key: int) -> Callable[[object], None]:
+            def forget(_: object) -> None:  # the tensor is gone: so is its mark
+                drawn.pop(key, None)
+
+            return forget
+
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                drawn[id(t)] = weakref.ref(t, gone(id(t)))
+
     def _forget(self, fake: torch.Tensor) -> None:
         """``fake`` was written with values the run does not know: it, and every tensor sharing its storage."""
         real = self.value(fake)
@@ -124,6 +150,9 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         known = all(v is not None for v in values) and all(v.numel() <= LIMIT for v in values if v is not None)
         if known and tensors and func in _SCALAR_READS:
             return _on_cpu(func, self._real(args), self._real(kwargs))
+        drawn = torch.Tag.nondeterministic_seeded in func.tags or any(self._is_drawn(t) for t in tensors)
+        if drawn and func in _SCALAR_READS:
+            raise RandomValueRead(func)
         if known and tensors and func in _SIZED_BY_VALUES:
             return self._sized(func, args, kwargs, tensors[0].device)
         if func in _CTC:
@@ -138,6 +167,8 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if tensors and (known or (func in _SIZED_BY_MASKS and masks)):
                 return self._sized(func, args, kwargs, tensors[0].device, remember=known, error=error)
             raise
+        if drawn:
+            self._draw(out)
         computable, written = self._ops.get(func) or self._describe(func)
         targets = [t for position, name in written for t in _tensors(args[position] if position < len(args) else kwargs.get(name))]
         # never into a real tensor of the caller's: only the run's fake tensors have values written
@@ -329,6 +360,13 @@ def _on_cpu(func: Any, args: Any, kwargs: Any) -> Any:
 
 def unknown_value_hint(error: BaseException) -> str:
     """What to add to the message of ``error`` where it is an analytic run's read of a value it does not have."""
+    if isinstance(error, RandomValueRead):
+        return (
+            " (the model reads a random number in Python, as LayerDrop does to decide whether to skip a layer: an analytic "
+            "run draws no random numbers, and the draw decides the step's cost. Turn the random skipping off to profile "
+            "every layer (a layer-drop probability of 0, such as layerdrop=0 in a Hugging Face config), or profile it on "
+            "real tensors)"
+        )
     if not isinstance(error, (DataDependentOutputException, DynamicOutputShapeException)):
         return ""
     return (
