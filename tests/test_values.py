@@ -221,3 +221,28 @@ def test_without_the_random_skip_every_layer_is_profiled():
     analytic = profile(model, x, train=True, device="meta")
     # each layer's product (4 x 8 x 8) forward and for its weight's gradient; for its input's, all but the first
     assert analytic.macs == profile(model, x, train=True).macs == (3 + 3 + 2) * 4 * 8 * 8
+
+
+def test_a_value_computed_from_the_weights_after_dropout_is_not_called_a_draw():
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.drop = nn.Linear(8, 8), nn.Dropout(0.1)
+
+        def forward(self, x):
+            h = self.drop(self.fc(x))
+            return h * 2 if h.abs().max() > 1 else h  # computed from the weights: not a draw alone
+
+    with pytest.raises(ProfileError) as error:
+        profile(Gate(), torch.randn(4, 8), train=True, device="meta")
+    assert "an analytic run knows the values only of" in str(error.value)
+    assert "random number in Python" not in str(error.value)
+
+
+def test_an_in_place_draw_into_a_new_tensor_is_a_draw():
+    class Coin(nn.Module):
+        def forward(self, x):
+            return x.flip(0) if torch.empty(()).uniform_() < 0.5 else x
+
+    with pytest.raises(ProfileError, match="reads a random number in Python"):
+        profile(Coin(), torch.randn(4, 8), device="meta")

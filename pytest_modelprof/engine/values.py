@@ -150,7 +150,11 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         known = all(v is not None for v in values) and all(v.numel() <= LIMIT for v in values if v is not None)
         if known and tensors and func in _SCALAR_READS:
             return _on_cpu(func, self._real(args), self._real(kwargs))
-        drawn = torch.Tag.nondeterministic_seeded in func.tags or any(self._is_drawn(t) for t in tensors)
+        # made from random draws and known values alone (an in-place draw overwrites its first operand)
+        seeded = torch.Tag.nondeterministic_seeded in func.tags
+        draws = [self._is_drawn(t) for t in tensors]
+        read = zip(draws[1:], values[1:]) if seeded and func._schema.name.endswith("_") else zip(draws, values)
+        drawn = all(d or v is not None for d, v in read) and (seeded or any(draws))
         if drawn and func in _SCALAR_READS:
             raise RandomValueRead(func)
         if known and tensors and func in _SIZED_BY_VALUES:
