@@ -78,7 +78,8 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self, sources: Iterable[tuple[torch.Tensor, torch.Tensor]] = ()) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._values: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
-        self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...]]] = {}  # func -> (values computable, what it writes)
+        # func -> (values computable, what it writes, whether it draws random numbers)
+        self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...], bool]] = {}
         self._drawn: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors made from random numbers
         for fake, real in sources:
             if (
@@ -112,6 +113,14 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _is_drawn(self, t: torch.Tensor) -> bool:
         entry = self._drawn.get(id(t))
         return entry is not None and entry() is t
+
+    def _made_by_draws(self, tensors: list[torch.Tensor], values: list[Any], overwritten: list[torch.Tensor], seeded: bool) -> bool:
+        """Whether an op's outputs are made from random draws and known values alone: it draws (``seeded``)
+        or reads a draw, and every other operand it reads has a known value (what a draw writes into,
+        ``overwritten``, it does not read)."""
+        read = [(t, v) for t, v in zip(tensors, values) if not any(t is w for w in overwritten)]
+        draws = [self._is_drawn(t) for t, _ in read]
+        return all(d or v is not None for d, (_, v) in zip(draws, read)) and (seeded or any(draws))
 
     def _draw(self, out: Any) -> None:
         """The tensors of ``out`` are made from random numbers."""
@@ -150,11 +159,9 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         known = all(v is not None for v in values) and all(v.numel() <= LIMIT for v in values if v is not None)
         if known and tensors and func in _SCALAR_READS:
             return _on_cpu(func, self._real(args), self._real(kwargs))
-        # made from random draws and known values alone (an in-place draw overwrites its first operand)
-        seeded = torch.Tag.nondeterministic_seeded in func.tags
-        draws = [self._is_drawn(t) for t in tensors]
-        read = zip(draws[1:], values[1:]) if seeded and func._schema.name.endswith("_") else zip(draws, values)
-        drawn = all(d or v is not None for d, v in read) and (seeded or any(draws))
+        computable, written, seeded = self._ops.get(func) or self._describe(func)
+        targets = [t for position, name in written for t in _tensors(args[position] if position < len(args) else kwargs.get(name))]
+        drawn = (seeded or bool(self._drawn)) and self._made_by_draws(tensors, values, targets if seeded else [], seeded)
         if drawn and func in _SCALAR_READS:
             raise RandomValueRead(func)
         if known and tensors and func in _SIZED_BY_VALUES:
@@ -173,8 +180,6 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
             raise
         if drawn:
             self._draw(out)
-        computable, written = self._ops.get(func) or self._describe(func)
-        targets = [t for position, name in written for t in _tensors(args[position] if position < len(args) else kwargs.get(name))]
         # never into a real tensor of the caller's: only the run's fake tensors have values written
         if known and computable and _small(out, targets) and all(isinstance(t, FakeTensor) for t in targets):
             try:
@@ -293,13 +298,14 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self._patched:
             delattr(torch._VF, "_pad_packed_sequence")
 
-    def _describe(self, func: Any) -> tuple[bool, tuple[tuple[int, str], ...]]:
-        """Whether ``func``'s outputs have values to work out (not random, not uninitialised), and the
-        arguments (position, name) it writes into."""
-        computable = func.overloadpacket not in _UNINITIALISED and torch.Tag.nondeterministic_seeded not in func.tags
+    def _describe(self, func: Any) -> tuple[bool, tuple[tuple[int, str], ...], bool]:
+        """Whether ``func``'s outputs have values to work out (not random, not uninitialised), the
+        arguments (position, name) it writes into, and whether it draws random numbers."""
+        seeded = torch.Tag.nondeterministic_seeded in func.tags
+        computable = func.overloadpacket not in _UNINITIALISED and not seeded
         written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
-        self._ops[func] = (computable, written)
-        return computable, written
+        self._ops[func] = (computable, written, seeded)
+        return computable, written, seeded
 
 
 def _pad_packed(
