@@ -238,9 +238,10 @@ def meta_kernels(kernels: Mapping[str, Any]) -> Iterator[None]:
         library._destroy()  # type: ignore[no-untyped-call]
 
 
-def _ctc_loss_backward_meta(grad: torch.Tensor, log_probs: torch.Tensor, *_: Any) -> torch.Tensor:
-    """CTC's gradient: the log-probabilities' shape, contiguous (``at::full_like(log_probs, -inf)``)."""
-    return torch.empty_like(log_probs, memory_format=torch.contiguous_format)
+def input_gradient_meta(grad: torch.Tensor, input: torch.Tensor, *_: Any) -> torch.Tensor:
+    """The meta kernel of a backward op whose one output is its input's gradient, contiguous (CTC's:
+    ``at::full_like(log_probs, -inf)``; the margin losses' and 3-d fractional pooling's)."""
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
 
 
 def analytic_meta_kernels() -> Any:
@@ -248,5 +249,5 @@ def analytic_meta_kernels() -> Any:
     their real kernels on zero-filled copies of their inputs (on a GPU for CUDA tensors): the fused
     optimizer steps (see ``_FUSED_STEPS``) and CTC's backward."""
     kernels: dict[str, Any] = dict.fromkeys(_FUSED_STEPS, _no_op)
-    kernels.update(dict.fromkeys(("_ctc_loss_backward", "_ctc_loss_backward.Tensor"), _ctc_loss_backward_meta))
+    kernels.update(dict.fromkeys(("_ctc_loss_backward", "_ctc_loss_backward.Tensor"), input_gradient_meta))
     return meta_kernels(kernels)

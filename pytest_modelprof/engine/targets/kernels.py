@@ -62,7 +62,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..backward import HookGuard, in_backward
-from ..fake import meta_kernels
+from ..fake import input_gradient_meta, meta_kernels
 from .gpus import GPUSpec
 from .scratch import threads_per_sm
 
@@ -465,10 +465,6 @@ def _cudnn_ctc_loss_meta(log_probs: torch.Tensor, *_: Any) -> tuple[torch.Tensor
     return log_probs.new_empty((log_probs.shape[1],)), torch.empty_like(log_probs, memory_format=torch.contiguous_format)
 
 
-def _input_gradient_meta(grad_output: torch.Tensor, self: torch.Tensor, *_: Any) -> torch.Tensor:
-    return torch.empty_like(self, memory_format=torch.contiguous_format)
-
-
 # meta kernels of the CUDA ops that PyTorch has none for: those of the fused paths; cuDNN's grid
 # sampler, which ``grid_sample`` calls on CUDA for bilinear, zero-padded, corner-aligned 2-d sampling
 # (aten/src/ATen/native/GridSampler.cpp, ``grid_sampler``); the fused GRU cell ``nn.GRUCell`` runs
@@ -482,9 +478,9 @@ _META = {
     "_thnn_fused_gru_cell_backward": _fused_gru_cell_backward_meta,
     "_cudnn_ctc_loss": _cudnn_ctc_loss_meta,
     "_cudnn_ctc_loss.Tensor": _cudnn_ctc_loss_meta,
-    "multi_margin_loss_backward": _input_gradient_meta,
-    "multilabel_margin_loss_backward": _input_gradient_meta,
-    "fractional_max_pool3d_backward": _input_gradient_meta,
+    "multi_margin_loss_backward": input_gradient_meta,
+    "multilabel_margin_loss_backward": input_gradient_meta,
+    "fractional_max_pool3d_backward": input_gradient_meta,
 }
 
 
