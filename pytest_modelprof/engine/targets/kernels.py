@@ -634,7 +634,7 @@ class CudaOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
         directions = 2 if bidirectional else 1
         out = proj_size or hidden_size
         if batch_sizes:  # packed: [rows, features], the steps' rows one after the other
-            batch, seq = batch_sizes[0], 1
+            batch = batch_sizes[0]
             output = input.new_empty((input.shape[0], out * directions))
             rows = input.shape[0]  # the reserve holds each step's rows (sized as unpacked, per row: unmeasured)
         else:
