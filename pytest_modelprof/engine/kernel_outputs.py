@@ -57,7 +57,7 @@ REDUCED_LOSSES = frozenset(
 )
 
 EMBEDDING_BAGS = frozenset({aten._embedding_bag.default, aten._embedding_bag_forward_only.default})
-SUM, MEAN, MAX = 0, 1, 2  # embedding bag modes
+SUM = 0  # the embedding bag mode with a fast path
 
 # an op -> how its real kernels lay out its first output: by the suggested memory format of an
 # argument, contiguous, or as an argument (empty_like); and whether the rule holds for the CPU only
@@ -134,27 +134,30 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if func is aten.mkldnn_rnn_layer.default and torch.is_grad_enabled() and isinstance(args[0], FakeTensor):
-            bound = bound_arguments(func, args, kwargs or {})
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not args or not isinstance(args[0], FakeTensor):
+            return out
+        if func is aten.mkldnn_rnn_layer.default and torch.is_grad_enabled():
+            bound = bound_arguments(func, args, kwargs)
             x, cx = bound["input"], bound["cx_"]
             # ATen hands the kernel its input time-major, batch_first or not
             seq, batch, width = x.shape
             size = onednn_lstm_workspace_bytes(seq, batch, width, bound["hidden_size"], x.element_size(), cx.element_size())
             out = (*out[:3], x.new_empty(size, dtype=torch.uint8))
-        elif func is aten.mkldnn_rnn_layer_backward.default and out[3] is out[4] and isinstance(out[3], FakeTensor):
+        elif func is aten.mkldnn_rnn_layer_backward.default and out[3] is out[4]:
             out = (*out[:4], torch.empty_like(out[3]), *out[5:])
-        elif func in (aten.im2col.default, aten.col2im.default) and isinstance(args[0], FakeTensor):
+        elif func in (aten.im2col.default, aten.col2im.default):
             made = torch.empty_like(args[0], memory_format=torch.contiguous_format)
             out = made.resize_(out.shape)  # as the kernel: the input's storage, shrunk or grown to the output
-        elif func in REDUCED_LOSSES and isinstance(args[0], FakeTensor) and out.dim() == 0:
-            bound = bound_arguments(func, args, kwargs or {})
+        elif func in REDUCED_LOSSES and out.dim() == 0:
+            bound = bound_arguments(func, args, kwargs)
             made = args[0].new_empty(torch.broadcast_shapes(bound["self"].shape, bound["target"].shape), dtype=out.dtype)  # type: ignore[no-untyped-call]
             out = made.resize_(())
-        elif func in EMBEDDING_BAGS and isinstance(args[0], FakeTensor) and args[0].device.type == "cpu":
-            out = (out[0], _offset2bag(func, args, kwargs or {}, out[0]), *out[2:])
-        elif func in LAYOUTS and isinstance(args[0], FakeTensor):
-            out = _laid_out(func, args, kwargs or {}, out)
+        elif func in EMBEDDING_BAGS and args[0].device.type == "cpu":
+            out = (out[0], _offset2bag(func, args, kwargs, out[0]), *out[2:])
+        elif func in LAYOUTS:
+            out = _laid_out(func, args, kwargs, out)
         return out
 
 
