@@ -27,6 +27,9 @@ the storage and layout their kernels give them:
 - **embedding bags on the CPU** (aten/src/ATen/native/EmbeddingBag.cpp, ``make_offset2bag_out``): the
   map of each index to its bag is made one longer and then resized, and is skipped on the
   fast path of a sum, which bfloat16 weights take as well as float32 and float16 ones.
+- **grouped products in full precision** (``torch._grouped_mm``, the experts of a mixture of
+  experts): the CPU and CUDA kernels take float32, PyTorch's meta kernel refuses it; the output
+  is made here as those kernels make it.
 - **layouts**: some meta kernels lay out their output like a non-contiguous input where the
   real kernel makes it contiguous (or the other way round), and what follows then copies in
   one run and not in the other (a ``reshape`` of a transposed gradient): the normalisations'
@@ -84,6 +87,31 @@ LAYOUTS: dict[Any, tuple[str, str | None, bool]] = {
     if hasattr(aten, packet) and overload in getattr(aten, packet).overloads()
 }
 
+_GROUPED_MM = getattr(aten, "_grouped_mm", None)
+_GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
+
+
+def _grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> torch.Tensor:
+    """The experts' grouped product (``torch._grouped_mm``) in a precision other than 16-bit: its CPU
+    and CUDA kernels take it (a loop of products over the groups, aten/src/ATen/native/GroupedMMUtils.h),
+    PyTorch's meta kernel refuses it. The output as those kernels make it: sized by the operands'
+    shapes, its rows padded to 16 bytes."""
+    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    if a2 and b2:
+        size = [offs.shape[0], mat_a.shape[0], mat_b.shape[1]]
+    elif a2:
+        size = [mat_a.shape[0], mat_b.shape[-1]]
+    elif b2:
+        size = [mat_a.shape[1], mat_b.shape[1]]
+    else:
+        size = [mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1]]
+    dtype = out_dtype or mat_a.dtype
+    alignment = max(1, 16 // dtype.itemsize)
+    padded = -(-size[-1] // alignment) * alignment
+    stride = [size[1] * padded, padded, 1] if a2 == b2 else [padded, 1]
+    return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
+
+
 PAGE = 4096  # oneDNN places each part of an RNN workspace at a page boundary
 FLOAT = 4  # oneDNN's accumulators (the gradients of the states) are float32
 
@@ -135,8 +163,11 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        fake = bool(args) and isinstance(args[0], FakeTensor)
+        if fake and func is _GROUPED_MM and args[0].dtype not in (torch.bfloat16, torch.float16):
+            return _grouped_mm(*args, **kwargs)
         out = func(*args, **kwargs)
-        if not args or not isinstance(args[0], FakeTensor):
+        if not fake:
             return out
         if func is aten.mkldnn_rnn_layer.default and torch.is_grad_enabled():
             bound = bound_arguments(func, args, kwargs)

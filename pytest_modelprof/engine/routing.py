@@ -11,9 +11,8 @@ indices drawn over ``n`` experts are taken to hit each one equally, so a mask of
 the tokens times the experts each token picks, exactly as in a real run; so do the
 experts' FLOPs, which are linear in their tokens. Memory follows the balanced split (a
 real run's split depends on the data). A ``nonzero`` of anything else is refused with a
-clear error: profile that model on real tensors. The experts' grouped product
-(``torch._grouped_mm``) in full precision, which PyTorch's meta kernel refuses, gets its
-output here.
+clear error: profile that model on real tensors. (The experts' grouped product in full
+precision, which PyTorch's meta kernel refuses, is answered by :mod:`.kernel_outputs`.)
 """
 
 from __future__ import annotations
@@ -50,31 +49,6 @@ _VIEWS = {
 }
 
 
-_GROUPED_MM = getattr(aten, "_grouped_mm", None)
-_GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
-
-
-def _grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> torch.Tensor:
-    """The experts' grouped product (``torch._grouped_mm``) in a precision other than 16-bit: its CPU
-    and CUDA kernels take it (a loop of products over the groups, aten/src/ATen/native/GroupedMMUtils.h),
-    PyTorch's meta kernel refuses it. The output as those kernels make it: sized by the operands'
-    shapes, its rows padded to 16 bytes."""
-    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
-    if a2 and b2:
-        size = [offs.shape[0], mat_a.shape[0], mat_b.shape[1]]
-    elif a2:
-        size = [mat_a.shape[0], mat_b.shape[-1]]
-    elif b2:
-        size = [mat_a.shape[1], mat_b.shape[1]]
-    else:
-        size = [mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1]]
-    dtype = out_dtype or mat_a.dtype
-    alignment = max(1, 16 // dtype.itemsize)
-    padded = -(-size[-1] // alignment) * alignment
-    stride = [size[1] * padded, padded, 1] if a2 == b2 else [padded, 1]
-    return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
-
-
 class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Follows router indices and the masks made of them; answers ``nonzero`` on those masks."""
 
@@ -97,8 +71,6 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         if func is aten.nonzero.default:
             return self._nonzero(args[0])
-        if func is _GROUPED_MM and args[0].dtype not in (torch.bfloat16, torch.float16):
-            return _grouped_mm(*args, **kwargs)
         out = func(*args, **kwargs)
         if func in _INDICES_AT:
             at = 2 if func is aten.topk.default else 1
