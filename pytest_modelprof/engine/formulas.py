@@ -1202,6 +1202,12 @@ def _square(a: torch.Tensor) -> tuple[int, int]:
     return math.prod(a.shape[:-2]), a.shape[-1]
 
 
+def _tall(a: torch.Tensor) -> tuple[int, int, int]:
+    """The batch, and an m x n matrix's dimensions in its tall orientation (m >= n)."""
+    m, n = a.shape[-2:]
+    return math.prod(a.shape[:-2]), max(m, n), min(m, n)
+
+
 @_register("linalg_cholesky_ex", "cholesky")
 def cholesky(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     batch, n = _square(a)
@@ -1210,31 +1216,25 @@ def cholesky(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost
 
 @_register("linalg_lu_factor_ex", "linalg_lu")
 def lu_factor(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
-    batch, (m, n) = math.prod(a.shape[:-2]), a.shape[-2:]
-    m, n = max(m, n), min(m, n)
+    batch, m, n = _tall(a)
     return OpCost(batch * (m * n * n - n**3 // 3))  # 2n^3/3 for a square matrix
 
 
 # a solve with a factored matrix: each right-hand side column costs n^2 per triangle, so 2n (LU) or n
 # (one triangle) per element of the solution
-@_register("linalg_lu_solve")
-def lu_solve(lu: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
-    return OpCost(2 * lu.shape[-1] * _first_tensor(out_val).numel())
+def _factored_solve(matrix_at: int, triangles: int) -> Formula:
+    """``matrix_at``: the factored matrix's argument (before or after the right-hand side)."""
+
+    def formula(*args: Any, out_val: Any = None, **__: Any) -> OpCost:
+        return OpCost(triangles * args[matrix_at].shape[-1] * _first_tensor(out_val).numel())
+
+    return formula
 
 
-@_register("lu_solve")
-def lu_solve_legacy(b: torch.Tensor, lu: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
-    return OpCost(2 * lu.shape[-1] * _first_tensor(out_val).numel())
-
-
-@_register("linalg_solve_triangular")
-def solve_triangular(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
-    return OpCost(a.shape[-1] * _first_tensor(out_val).numel())
-
-
-@_register("triangular_solve")
-def triangular_solve(b: torch.Tensor, a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
-    return OpCost(a.shape[-1] * _first_tensor(out_val).numel())
+_set("linalg_lu_solve", _factored_solve(0, 2))
+_set("lu_solve", _factored_solve(1, 2))
+_set("linalg_solve_triangular", _factored_solve(0, 1))
+_set("triangular_solve", _factored_solve(1, 1))
 
 
 @_register("_linalg_solve_ex")
@@ -1259,9 +1259,8 @@ def determinant(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpC
 # computes vectors it may need for a gradient, which it assumes whenever a dispatch mode is active)
 @_register("linalg_qr")
 def qr(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
-    batch, (m, n) = math.prod(a.shape[:-2]), a.shape[-2:]
+    batch, m, n = _tall(a)
     q = out_val[0]
-    m, n = max(m, n), min(m, n)
     r = 2 * n * n * (m - n // 3)  # Householder, 2n^2(m - n/3)
     if q.numel() == 0:  # mode="r"
         return OpCost(batch * r)
@@ -1285,9 +1284,8 @@ def eig(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
 
 @_register("_linalg_svd")
 def svd(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
-    batch, (m, n) = math.prod(a.shape[:-2]), a.shape[-2:]
+    batch, m, n = _tall(a)  # Golub-Kahan-Reinsch on the tall orientation
     u, vh = out_val[0], out_val[2]
-    m, n = max(m, n), min(m, n)  # Golub-Kahan-Reinsch on the tall orientation
     if u.numel() == 0:  # values only
         flops = 4 * m * n * n - 4 * n**3 // 3
     elif max(u.shape[-1], vh.shape[-2]) > n:  # full matrices
