@@ -181,7 +181,7 @@ class MemoryMeter(Meter):
         parts = _parts(tensor)
         entry = self.live.get(parts[-1].untyped_storage()._cdata) if parts else None
         first_time = entry is None or entry[1] == TEMPORARIES
-        address = self.track(tensor, ACTIVATIONS)
+        address = self._track(parts, ACTIVATIONS)
         if first_time and address in self.live and self.live[address][1] == ACTIVATIONS:
             for path in key:
                 self.module_activations[path] = self.module_activations.get(path, 0) + self.live[address][0]
@@ -217,25 +217,29 @@ class MemoryMeter(Meter):
         """Follow ``tensor``'s storage (once), in ``category`` unless it already has a fixed one
         (not a CPU tensor of a CUDA step: the optimizer's step counters, host scalars); a sparse
         tensor's, those of its indices and values (the address returned: its values')."""
+        return self._track(_parts(tensor), category)
+
+    def _track(self, parts: list[torch.Tensor], category: int) -> int:
         address = 0
-        for part in _parts(tensor):
-            storage = part.untyped_storage()
-            address = self._follow(storage._cdata, storage, storage.nbytes(), part.device, category)
+        for part in parts:
+            address = self._follow(part.untyped_storage(), part.device, category)
         return address
 
-    def _follow(self, address: int, owner: Any, size: int, device: torch.device, category: int) -> int:
-        """Follow the storage ``owner`` at ``address``, of ``size`` bytes, until it is freed."""
+    def _follow(self, storage: Any, device: torch.device, category: int) -> int:
+        """Follow ``storage`` until it is freed."""
+        address: int = storage._cdata
         if self._host_apart and device.type == "cpu":
             return address
         entry = self.live.get(address)
         if entry is None:
+            size = storage.nbytes()
             if self.events is not None:
                 self.events.append((address, size))
             size = self._rounded(size)
             self.live[address] = [size, category]
             self.totals[category] += size
             self.allocated += size
-            self._finalizers.append(weakref.finalize(owner, self._free, address))
+            self._finalizers.append(weakref.finalize(storage, self._free, address))
         elif entry[1] != category and entry[1] not in _STICKY and not (category == ACTIVATIONS and entry[1] == GRADIENTS):
             self.totals[entry[1]] -= entry[0]
             self.totals[category] += entry[0]
