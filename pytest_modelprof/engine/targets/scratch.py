@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from ..formulas import bound_arguments
+from ..kernel_outputs import REDUCED_LOSSES
 
 INT32_MAX = 2**31 - 1
 # one kernel launch's dimensions, as TensorIterator orders them: sizes, (output, input) byte
@@ -153,7 +154,7 @@ def kernel_scratch(
 
 
 # losses that compute the elementwise loss inside their call and then reduce it
-LOSSES = frozenset({"aten.mse_loss", "aten.smooth_l1_loss", "aten.soft_margin_loss", "aten.binary_cross_entropy"})
+LOSSES = frozenset(str(op.overloadpacket) for op in REDUCED_LOSSES)
 
 
 def loss_scratch(
