@@ -30,10 +30,57 @@ def test_roi_align_by_hand(device):
     assert flops_of(result, "torchvision._roi_align_backward") == outputs * (4 * 8 + 1)
 
 
-def test_an_adaptive_roi_align_grid_is_listed_uncounted():
-    # sampling_ratio=-1: the grid follows each box's size, which the shapes do not give
-    result = profile(Fn(lambda a, b: ops.roi_align(a, b, (7, 7))), (torch.randn(1, 4, 16, 16), boxes()))
+@pytest.mark.parametrize("aligned", [False, True])
+def test_an_adaptive_roi_align_grid_follows_each_box(aligned):
+    # sampling_ratio=-1: per box a ceil(height / 7) x ceil(width / 7) grid
+    rois = torch.tensor([[0, 0, 0, 14, 7], [0, 1, 1, 4, 4], [0, 2, 2, 2.5, 2.5], [0, 5, 5, 4, 5]])
+    grids = [2, 1, 1, 0] if aligned else [2, 1, 1, 1]  # unaligned, a box under 1 x 1 is made 1 x 1
+    x = torch.randn(1, 4, 16, 16, requires_grad=True)
+    result = profile(Fn(lambda a, b: ops.roi_align(a, b, (7, 7), aligned=aligned)), (x, rois), train=True)
+    assert result.uncounted == {}
+    per_box = 4 * 7 * 7
+    assert flops_of(result, "torchvision.roi_align") == per_box * (8 * sum(grids) + 4)
+    assert flops_of(result, "torchvision._roi_align_backward") == per_box * (8 * sum(grids) + 4)
+
+
+def test_a_position_sensitive_adaptive_grid_follows_each_box():
+    rois = torch.tensor([[0, 0, 0, 9, 3], [0, 1, 1, 2, 2.0]])  # grids ceil(3/2) x ceil(9/2), 1 x 1
+    x = torch.randn(1, 8, 16, 16, requires_grad=True)
+    result = profile(Fn(lambda a, b: ops.ps_roi_align(a, b, (2, 2))), (x, rois), train=True)
+    per_box = 2 * 2 * 2  # 8 channels over 2 x 2 bins: 2 out
+    assert flops_of(result, "torchvision.ps_roi_align") == per_box * (8 * (2 * 5 + 1) + 2)
+    assert flops_of(result, "torchvision._ps_roi_align_backward") == per_box * (8 * (2 * 5 + 1) + 2)
+
+
+def test_an_adaptive_grid_without_the_boxes_values_is_listed_uncounted():
+    # an analytic run has no values of the boxes, so no grid
+    result = profile(Fn(lambda a, b: ops.roi_align(a, b, (7, 7))), (torch.randn(1, 4, 16, 16), boxes()), device="meta")
     assert result.uncounted == {"torchvision.roi_align": 1}
+
+
+def test_roi_pool_by_hand():
+    # a 3 x 1 box (both end pixels count) in 1 x 2 bins of 1.5 pixels: windows [0, 2) and [1, 3), 2 pixels
+    # each; a 7 x 7 box at the corner of the map, in 7 x 7 bins of 1: 2 x 2 windows inside, the rest empty
+    rois = torch.tensor([[0, 0, 0, 2, 0], [0, 14, 14, 20, 20]], dtype=torch.float32)
+    x = torch.randn(1, 3, 16, 16, requires_grad=True)
+    one = profile(Fn(lambda a, b: ops.roi_pool(a, b, (1, 2))), (x, rois[:1]), train=True)
+    assert flops_of(one, "torchvision.roi_pool") == 3 * (2 + 2)  # a compare per pixel, per channel
+    corner = profile(Fn(lambda a, b: ops.roi_pool(a, b, (7, 7))), (x, rois[1:]), train=True)
+    assert flops_of(corner, "torchvision.roi_pool") == 3 * 4
+    # backward: an add per window that has a maximum; torch marks the others' argmax -1
+    for result, pooled, box in ((one, (1, 2), rois[:1]), (corner, (7, 7), rois[1:])):
+        _, argmax = torch.ops.torchvision.roi_pool(x.detach(), box, 1.0, *pooled)
+        assert flops_of(result, "torchvision._roi_pool_backward") == int((argmax >= 0).sum())
+
+
+def test_ps_roi_pool_by_hand():
+    # a 4 x 4 box (end pixel not counted) in 2 x 2 bins of 2: four windows of 4 pixels, an add per
+    # pixel and a divide per window, for each of the 8 / (2 x 2) output channels
+    x = torch.randn(1, 8, 16, 16, requires_grad=True)
+    result = profile(Fn(lambda a, b: ops.ps_roi_pool(a, b, (2, 2))), (x, torch.tensor([[0, 0, 0, 4, 4.0]])), train=True)
+    assert result.uncounted == {}
+    assert flops_of(result, "torchvision.ps_roi_pool") == 2 * (16 + 4)
+    assert flops_of(result, "torchvision._ps_roi_pool_backward") == 2 * (16 + 4)
 
 
 def test_nms_by_hand():

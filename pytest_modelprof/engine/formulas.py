@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import flop_counter as _torch_flop_counter
+from torch.utils._python_dispatch import _disable_current_modes
 
 aten = torch.ops.aten
 
@@ -371,6 +372,16 @@ for _name in (
 
 def _has_values(t: torch.Tensor) -> bool:
     return t.device.type != "meta" and not isinstance(t, FakeTensor)
+
+
+def _beneath_the_run(formula: Callable[..., Any]) -> Callable[..., Any]:
+    """``formula``, whose work on tensor values is no op of the step: run beneath the run's modes."""
+
+    def beneath(*args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+            return formula(*args, **kwargs)
+
+    return beneath
 
 
 def _kernel_attention(name: str, backward: bool, offsets_at: int) -> None:
@@ -1296,10 +1307,15 @@ def svd(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
 
 
 # torchvision's detection ops (torchvision/csrc/ops), found by name: counting them needs no import of
-# torchvision. RoIAlign averages a sampling_ratio x sampling_ratio grid of bilinear samples per output
-# (4 weighted neighbours, 7, plus the accumulation, 1; one divide per output); its backward spreads
-# each gradient over the same neighbours (4 multiplies and 4 adds per sample); an adaptive grid
-# (sampling_ratio <= 0) follows the boxes' sizes, values an op's shapes do not give: uncounted.
+# torchvision. RoIAlign averages a grid of bilinear samples per output (4 weighted neighbours, 7,
+# plus the accumulation, 1; one divide per output); its backward spreads each gradient over the same
+# neighbours (4 multiplies and 4 adds per sample). The grid is sampling_ratio x sampling_ratio, or,
+# adaptive (sampling_ratio <= 0), ceil(box side / output side) per box: read from the boxes where the
+# run has their values, uncounted where it has not (an analytic run). RoIPool takes a window of whole
+# pixels per output, the box's side split in equal bins (floor to ceil): its max compares each pixel
+# once (its backward adds each gradient to its argmax); the position-sensitive kind averages them
+# (an add per pixel and a divide; its backward a divide and an add per pixel). Their windows follow
+# the boxes too, so they are counted from the boxes' values alone.
 # NMS: the boxes sorted by score, their areas (3 each), and the IoU of every pair (12: 4 max/min,
 # 2 extents clamped at 0, the intersection, the union, the ratio, as CUDA's kernel computes the full
 # suppression mask). A deformable convolution: a convolution's MACs over columns sampled
@@ -1309,21 +1325,98 @@ NAMED: dict[str, Formula] = {}
 ROI_ALIGN_SAMPLE, NMS_PAIR = 8, 12
 
 
-def _roi_align(sampling_at: int, backward: bool) -> Formula:
+@_beneath_the_run
+def _box_sides(rois: torch.Tensor, spatial_scale: float, shift: float) -> list[tuple[float, float]] | None:
+    """Each box's (height, width) on the feature map, as the kernels compute them in the boxes' dtype
+    (``rois``: K x 5, batch index then x1, y1, x2, y2); None where the run does not have the values."""
+    if not _has_values(rois):
+        return None
+    values = rois.detach().cpu()
+    corners = values[:, 1:].to(torch.float64 if values.dtype == torch.float64 else torch.float32)
+    corners = corners * spatial_scale - shift
+    sides = torch.stack([corners[:, 3] - corners[:, 1], corners[:, 2] - corners[:, 0]], 1)
+    return [(h, w) for h, w in sides.tolist()]
+
+
+def _roi_align(scale_at: int, sampling_at: int, backward: bool, position_sensitive: bool) -> Formula:
+    # roi_align(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned),
+    # ps_roi_align the same without aligned; their backward ops take the gradient first and the sizes
+    # of the input, and, position-sensitive, the channel mapping after the boxes
     def formula(*args: Any, out_val: Any = None, **__: Any) -> OpCost | None:
         sampling_ratio = args[sampling_at]
-        if sampling_ratio <= 0:
+        outputs = args[0] if backward else _first_tensor(out_val)
+        if sampling_ratio > 0:
+            return OpCost(outputs.numel() * (sampling_ratio**2 * ROI_ALIGN_SAMPLE + 1))
+        scale, pooled_height, pooled_width = args[scale_at : scale_at + 3]
+        aligned = not position_sensitive and bool(args[sampling_at + 1])
+        sides = _box_sides(args[1], scale, 0.5 if aligned or position_sensitive else 0.0)
+        if sides is None:
             return None
-        elements = args[0].numel() if backward else _first_tensor(out_val).numel()
-        return OpCost(elements * (sampling_ratio**2 * ROI_ALIGN_SAMPLE + 1))
+        samples = 0
+        for h, w in sides:
+            if not (aligned or position_sensitive):  # malformed boxes are forced to 1 x 1
+                h, w = max(h, 1.0), max(w, 1.0)
+            samples += max(math.ceil(h / pooled_height), 0) * max(math.ceil(w / pooled_width), 0)
+        per_box = outputs.numel() // max(len(sides), 1)  # the outputs of one box
+        return OpCost(per_box * (samples * ROI_ALIGN_SAMPLE + len(sides)))
 
     return formula
 
 
-NAMED["torchvision.roi_align"] = _roi_align(5, backward=False)
-NAMED["torchvision.ps_roi_align"] = _roi_align(5, backward=False)
-NAMED["torchvision._roi_align_backward"] = _roi_align(9, backward=True)
-NAMED["torchvision._ps_roi_align_backward"] = _roi_align(6, backward=True)
+NAMED["torchvision.roi_align"] = _roi_align(2, 5, backward=False, position_sensitive=False)
+NAMED["torchvision.ps_roi_align"] = _roi_align(2, 5, backward=False, position_sensitive=True)
+NAMED["torchvision._roi_align_backward"] = _roi_align(2, 9, backward=True, position_sensitive=False)
+NAMED["torchvision._ps_roi_align_backward"] = _roi_align(3, 6, backward=True, position_sensitive=True)
+
+
+@_beneath_the_run
+def _roi_windows(rois: torch.Tensor, spatial_scale: float, pooled: tuple[int, int], size: tuple[int, int], ends: int) -> list[int] | None:
+    """The pixels of every RoIPool window, box by box (``ends``: 1 where a box's side counts both its end
+    pixels, RoIPool's, 0 for the position-sensitive kind's); None where the run does not have the boxes."""
+    if not _has_values(rois):
+        return None
+    values = rois.detach().cpu()
+    dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
+    scaled = values[:, 1:].to(dtype) * spatial_scale
+    corners = (torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)).long().tolist()  # C's round, half away from 0
+    areas: list[int] = []
+    for x1, y1, x2, y2 in corners:
+        extents = []
+        for start, end, bins, limit in ((y1, y2, pooled[0], size[0]), (x1, x2, pooled[1], size[1])):
+            steps = torch.arange(bins + 1, dtype=dtype) * (torch.tensor(max(end - start + ends, 1), dtype=dtype) / bins)
+            low = (torch.floor(steps[:-1]).long() + start).clamp(0, limit)
+            high = (torch.ceil(steps[1:]).long() + start).clamp(0, limit)
+            extents.append((high - low).clamp(min=0))
+        areas += (extents[0][:, None] * extents[1][None, :]).flatten().tolist()
+    return areas
+
+
+def _roi_pool(backward: bool, position_sensitive: bool) -> Formula:
+    # roi_pool(input, rois, spatial_scale, pooled_height, pooled_width), ps_roi_pool alike; their
+    # backward ops: (grad, rois, argmax or channel mapping, spatial_scale, pooled_height, pooled_width,
+    # batch, channels, height, width)
+    def formula(*args: Any, out_val: Any = None, **__: Any) -> OpCost | None:
+        at = 3 if backward else 2
+        pooled = (args[at + 1], args[at + 2])
+        size = (args[at + 5], args[at + 6]) if backward else (args[0].shape[-2], args[0].shape[-1])
+        areas = _roi_windows(args[1], args[at], pooled, size, ends=0 if position_sensitive else 1)
+        if areas is None:
+            return None
+        outputs = args[0] if backward else _first_tensor(out_val)
+        channels = outputs.numel() // max(len(areas), 1)  # the outputs of one window
+        filled = sum(1 for area in areas if area > 0)
+        if position_sensitive:  # an add per pixel and a divide per window, both ways
+            return OpCost(channels * (sum(areas) + filled))
+        # forward, a compare per pixel; backward, an add per window, to its argmax
+        return OpCost(channels * (filled if backward else sum(areas)))
+
+    return formula
+
+
+NAMED["torchvision.roi_pool"] = _roi_pool(backward=False, position_sensitive=False)
+NAMED["torchvision.ps_roi_pool"] = _roi_pool(backward=False, position_sensitive=True)
+NAMED["torchvision._roi_pool_backward"] = _roi_pool(backward=True, position_sensitive=False)
+NAMED["torchvision._ps_roi_pool_backward"] = _roi_pool(backward=True, position_sensitive=True)
 
 
 def _nms(boxes: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
