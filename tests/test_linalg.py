@@ -65,3 +65,32 @@ def test_solves():
     assert lu["aten.linalg_lu_solve"] == BATCH * 2 * N * N * K
     triangle = counted(lambda x, y: torch.linalg.solve_triangular(x.triu(), y, upper=True), a, b)
     assert triangle["aten.linalg_solve_triangular"] == BATCH * N * N * K
+
+
+def test_the_matrix_exponential_by_its_taylor_degree():
+    # Bader, Blanes & Casas's scheme as PyTorch runs it: the 1-norm picks the degree. Per n x n matrix the
+    # norm costs 2n^2 + n; a zero matrix takes degree 1 (I + A: n^2 adds); the identity (norm 1, between
+    # float's bounds 0.58 and 1.46) degree 12: 4 products, 4 combinations of 4 matrices (7n^2 each) and
+    # 3 adds; 10 I (norm 10 > 3.01) is divided by 2^s, s = ceil(log2(10 / 3.01)) = 2, takes degree 18 (5
+    # products, 5 combinations of 5, 9n^2 each, 3 adds) and is squared twice
+    n = 4
+    a = torch.stack([torch.zeros(n, n), torch.eye(n), 10 * torch.eye(n)])
+    result = profile(Fn(torch.linalg.matrix_exp), (a,))
+    assert result.uncounted == {}
+    norms = 3 * (2 * n * n + n)
+    macs = (4 + 5 + 2) * n**3
+    expected = norms + n * n + 2 * macs + (4 * 7 + 3) * n * n + (n * n + 5 * 9 * n * n + 3 * n * n)
+    op = result.op("aten.linalg_matrix_exp")
+    assert (op.flops, op.macs) == (expected, macs)
+
+
+def test_the_matrix_exponential_backward_is_one_of_twice_the_size():
+    # PyTorch differentiates exp(A) through exp of the 2n x 2n block matrix [[A^H, G], [0, A^H]]
+    a = torch.zeros(2, 3, 3, requires_grad=True)
+    result = profile(Fn(lambda x: torch.linalg.matrix_exp(x).sum()), (a,), train=True)
+    assert result.uncounted == {}
+    # forward: zero matrices (degree 1); backward: blocks [[0, G], [0, 0]] with G all ones, of norm 3: past
+    # float's bound 1.46 for degree 12, so scaled by 2^s with s = max(0, ceil(log2(3 / 3.01))) = 0, degree 18
+    n = 6
+    backward = 2 * n * n + n + 2 * 5 * n**3 + (1 + 5 * 9 + 3) * n * n
+    assert result.op("aten.linalg_matrix_exp").flops == 2 * (2 * 9 + 3 + 9) + 2 * backward

@@ -34,8 +34,11 @@ Counting convention (the README's "How FLOPs are counted" repeats it for users):
 Each formula takes the op's arguments as the op received them, plus ``out_val``
 (the op's output), and returns an :class:`OpCost`, a plain ``int`` (FLOPs, no
 MACs), or ``None`` when this particular call cannot be counted (it is then listed
-as uncounted). Formulas never run the op and never look at tensor values, so they
-work unchanged on real, meta and fake tensors.
+as uncounted). Formulas never run the op, and they count from shapes, so they work
+unchanged on real, meta and fake tensors; the few ops whose work follows their
+operands' values (variable-length attention's offsets, an adaptive RoI grid, the
+matrix exponential's Taylor degree) read them on real tensors and are listed as
+uncounted where the run has none.
 """
 
 from __future__ import annotations
@@ -1277,6 +1280,53 @@ def qr(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
         return OpCost(batch * r)
     complete = q.shape[-1] > n
     return OpCost(batch * (r + (4 * (m * m * n - m * n * n + n**3 // 3) if complete else r)))
+
+
+# The matrix exponential (aten/src/ATen/native/LinearAlgebra.cpp, mexp): each matrix's 1-norm (an
+# absolute value and an add per element, a compare per column) picks a Taylor polynomial of degree
+# 1, 2, 4, 8, 12 or 18, which costs the matrix products and linear combinations of Bader, Blanes
+# and Casas's scheme; a norm above the last bound scales the matrix down by 2^s (a divide per
+# element), takes degree 18 and squares the result s times. The norm is a value: counted where the
+# run has it. Per degree: (bound in float, in double), matrix products, other FLOPs per element.
+_MATRIX_EXP_DEGREES = (
+    ((1.192092800768788e-07, 2.220446049250313e-16), 0, 1),  # sum of {I, A}
+    ((5.978858893805233e-04, 2.580956802971767e-08), 1, 3),  # a halving, sum of 3
+    ((5.116619363445086e-02, 3.397168839976962e-04), 2, 12),  # combinations of 3 and 4
+    ((5.800524627688768e-01, 4.991228871115323e-02), 3, 22),  # combinations of 2, 2, 4, 5
+    ((1.461661507209034e00, 2.996158913811580e-01), 4, 31),  # 4 combinations of 4, 3 adds
+    ((3.010066362817634e00, 1.090863719290036e00), 5, 48),  # 5 combinations of 5, 3 adds
+)
+
+
+@_beneath_the_run
+def _matrix_1_norms(a: torch.Tensor) -> list[float] | None:
+    if not _has_values(a):
+        return None
+    matrices = a.detach().cpu().reshape(-1, *a.shape[-2:])
+    return matrices.abs().sum(-2).amax(-1).tolist()
+
+
+@_register("linalg_matrix_exp")
+def matrix_exp(a: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost | None:
+    n = a.shape[-1]
+    if n <= 1:
+        return OpCost(a.numel())  # an exp per element
+    norms = _matrix_1_norms(a)
+    if norms is None:
+        return None
+    single = a.dtype in (torch.float32, torch.complex64)
+    bounds = [bound[0 if single else 1] for bound, _, _ in _MATRIX_EXP_DEGREES]
+    products, other = 0, len(norms) * (2 * n * n + n)
+    for norm in norms:
+        for i, (_, degree_products, degree_other) in enumerate(_MATRIX_EXP_DEGREES[:-1]):
+            if (bounds[i - 1] if i else -1.0) < norm <= bounds[i]:
+                products, other = products + degree_products, other + degree_other * n * n
+        if norm >= bounds[-2]:  # scaled by 2^s, degree 18, squared s times
+            squarings = max(0, math.ceil(math.log2(norm / bounds[-1]))) if norm > 0 else 0
+            products += _MATRIX_EXP_DEGREES[-1][1] + squarings
+            other += (_MATRIX_EXP_DEGREES[-1][2] + 1) * n * n
+    macs = products * n**3
+    return OpCost(2 * macs + other, macs)
 
 
 @_register("_linalg_eigh")
