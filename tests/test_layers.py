@@ -150,6 +150,30 @@ def test_mse_loss_forward_and_backward():
     assert result.backward_flops == 3 * 60
 
 
+@pytest.mark.parametrize(("p", "weight"), [(1, None), (2, torch.rand(10))])
+def test_multi_margin_loss_by_hand(p, weight):
+    # per sample of 10 scores, 9 hinges max(0, 1 - x[y] + x[j]): 2 to form, 1 to test, 1 to sum, a square
+    # for p = 2, a weight; a divide per sample and the mean's sum; backward, per hinge the same 3, the
+    # gradient (2 g z for p = 2), the weight and the target's update, then the incoming gradient's multiply
+    x = torch.randn(6, 10, requires_grad=True)
+    result = profile(WithTarget(nn.MultiMarginLoss(p=p, weight=weight), torch.randint(0, 10, (6,))), x, train=True)
+    extra = int(p == 2) + int(weight is not None)
+    assert result.forward_flops == 6 * 9 * (4 + extra) + 6 + 6
+    assert result.backward_flops == 6 * 9 * (4 + extra + int(p == 2)) + 60
+
+
+def test_multilabel_margin_loss_counts_the_listed_pairs():
+    # a sample's targets are its row up to the first -1: here 2 targets (7 other classes) and 3 (6
+    # others); a hinge per (target, other class): 4 forward, 5 backward
+    target = torch.tensor([[1, 4, -1, 0, 0, 0, 0, 0, 0], [0, 2, 8, -1, 3, 3, 3, 3, 3]])
+    x = torch.randn(2, 9, requires_grad=True)
+    result = profile(WithTarget(nn.MultiLabelMarginLoss(), target), x, train=True)
+    pairs = 2 * 7 + 3 * 6
+    assert result.uncounted == {}
+    assert result.forward_flops == 4 * pairs + 2 + 2
+    assert result.backward_flops == 5 * pairs + 18
+
+
 def images():
     return torch.randn(N, C, S, S)
 

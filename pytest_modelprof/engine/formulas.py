@@ -1556,6 +1556,68 @@ def _loss_backward(per_element: int) -> Formula:
     return formula
 
 
+# Margin losses over classes (aten/src/ATen/native/LossMulti*.cpp), per sample of C scores. The
+# multi-class margin loss: each non-target class j a hinge z = margin - x[y] + x[j] (2), its test
+# (1), a square for p = 2, the weight, the sum (1); a divide per sample and the reduction. Its
+# backward: the same hinge and test, the gradient (2 for p = 2: 2 g z), the weight, an update of the
+# target's gradient (1), then a multiply by the incoming gradient per score. The multi-label one:
+# the hinge of every (listed target, non-target class) pair (z, test, sum: 4; backward: z, test and
+# two updates: 5), pairs that the target lists (read where the run has their values) decide.
+def _scores(x: torch.Tensor) -> tuple[int, int]:
+    """A margin loss's samples and classes per sample."""
+    classes = x.shape[-1] if x.dim() else 1
+    return x.numel() // max(classes, 1), classes
+
+
+def _multi_margin(backward: bool) -> Formula:
+    packet = aten.multi_margin_loss_backward if backward else aten.multi_margin_loss
+
+    def formula(*args: Any, out_val: Any = None, **kwargs: Any) -> OpCost:
+        bound = bound_arguments(packet.default, args, kwargs)
+        samples, classes = _scores(bound["self"])
+        square, weighted = bound["p"] == 2, bound["weight"] is not None
+        if backward:
+            return OpCost(samples * (classes - 1) * (4 + 2 * square + weighted) + bound["self"].numel())
+        return OpCost(samples * (classes - 1) * (4 + square + weighted) + samples + (samples if bound["reduction"] else 0))
+
+    return formula
+
+
+_set("multi_margin_loss", _multi_margin(backward=False))
+_set("multi_margin_loss_backward", _multi_margin(backward=True))
+
+
+@_beneath_the_run
+def _label_pairs(target: torch.Tensor) -> int | None:
+    """(listed target, non-target class) pairs of a multi-label margin loss: a sample's targets are its
+    row's class indices up to the first negative one."""
+    if not _has_values(target):
+        return None
+    pairs = 0
+    for row in target.detach().cpu().reshape(-1, target.shape[-1] if target.dim() else 1).tolist():
+        listed = row[: next((i for i, c in enumerate(row) if c < 0), len(row))]
+        pairs += len(listed) * (len(row) - len(set(listed)))
+    return pairs
+
+
+@_register("multilabel_margin_loss_forward")
+def multilabel_margin_loss(x: torch.Tensor, target: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> OpCost | None:
+    pairs = _label_pairs(target)
+    if pairs is None:
+        return None
+    samples, _ = _scores(x)
+    reduced = bound_arguments(aten.multilabel_margin_loss_forward.default, (x, target, *args), kwargs)["reduction"]
+    return OpCost(4 * pairs + samples + (samples if reduced else 0))
+
+
+@_register("multilabel_margin_loss_backward")
+def multilabel_margin_loss_backward(
+    grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, *_: Any, out_val: Any = None, **__: Any
+) -> OpCost | None:
+    pairs = _label_pairs(target)
+    return None if pairs is None else OpCost(5 * pairs + x.numel())
+
+
 for _name, _per_element in _LOSSES.items():
     _set(_name, _reduction(_per_element))
 for _name, _per_element in _LOSS_BACKWARDS.items():
