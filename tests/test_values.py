@@ -246,3 +246,41 @@ def test_an_in_place_draw_into_a_new_tensor_is_a_draw():
 
     with pytest.raises(ProfileError, match="reads a random number in Python"):
         profile(Coin(), torch.randn(4, 8), device="meta")
+
+
+class _TracerAware(nn.Module):
+    """Attention as transformers writes it: the padding mask is read (all ones: causal attention, no mask)
+    unless ``is_tracing`` says the tensor is traced, fake tensors included; then the mask is built."""
+
+    def __init__(self, import_utils):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.import_utils = import_utils
+
+    def forward(self, x, padding_mask):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 8)).transpose(1, 3).unbind(2)
+        if not self.import_utils.is_fake_tensor(padding_mask) and bool(padding_mask.all()):
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        mask = causal & padding_mask[:, None, None, :].bool()
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("ones", [True, False])
+def test_a_library_that_traces_fake_tensors_takes_its_eager_path(monkeypatch, ones):
+    # transformers' is_tracing counts fake tensors as a trace, through transformers.utils.import_utils.is_fake_tensor
+    import sys
+    import types
+
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    import_utils = types.ModuleType("transformers.utils.import_utils")
+    import_utils.is_fake_tensor = lambda t: isinstance(t, FakeTensor)
+    monkeypatch.setitem(sys.modules, "transformers.utils.import_utils", import_utils)
+    model, x = _TracerAware(import_utils), torch.randn(2, 6, 16)
+    padding = torch.ones(2, 6, dtype=torch.long) if ones else torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    real = profile(model, (x, padding))
+    analytic = profile(model, (x, padding), device="meta")
+    assert {o.op for o in analytic.ops} == {o.op for o in real.ops}
+    assert (analytic.flops, analytic.peak_memory_bytes) == (real.flops, real.peak_memory_bytes)
+    assert import_utils.is_fake_tensor(torch.empty(1, device="meta")) is False  # put back as it was

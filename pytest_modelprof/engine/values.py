@@ -22,8 +22,10 @@ written tensor, and every tensor sharing its storage, unknown.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -306,6 +308,31 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
         self._ops[func] = (computable, written, seeded)
         return computable, written, seeded
+
+
+@contextlib.contextmanager
+def eager_paths(known: KnownValues) -> Iterator[None]:
+    """Libraries that take a tracer's path on fake tensors take their eager path where ``known`` has the value
+    they would read, as they do in the real run that an analytic run stands for.
+
+    transformers counts a fake tensor as a trace (``is_tracing``, through ``utils.import_utils.is_fake_tensor``):
+    traced, it builds the attention mask that an eager run leaves out once it has read that the padding mask
+    is all ones, and attention runs masked where the real run's is causal. Nothing is imported: a library
+    that the model has not imported is not there to patch."""
+    module, name = sys.modules.get("transformers.utils.import_utils"), "is_fake_tensor"
+    original = getattr(module, name, None)
+    if module is None or not callable(original):
+        yield
+        return
+
+    def is_fake_tensor(x: Any) -> bool:
+        return bool(original(x)) and known.value(x) is None
+
+    setattr(module, name, is_fake_tensor)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
 
 
 def _pad_packed(

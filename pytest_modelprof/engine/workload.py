@@ -34,7 +34,7 @@ from .modules import ModuleTracker
 from .routing import Routing
 from .targets.gpus import GPUSpec, gpu_spec
 from .targets.kernels import CudaKernels
-from .values import KnownValues, unknown_value_hint
+from .values import KnownValues, eager_paths, unknown_value_hint
 
 DEVICE_KINDS = ("cpu", "cuda", "meta")  # what device= accepts ("meta": analytic)
 
@@ -181,6 +181,7 @@ class Workload:
                 if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
                     stack.enter_context(CudaKernels(self.gpu, known.value))
                 stack.enter_context(known)
+                stack.enter_context(eager_paths(known))
             if tensors.optimizer is not None and self.parallel is None:
                 _create_state(tensors.optimizer)
             if not self.set_to_none:  # gradients zeroed in place are resident from the start, as in later steps
