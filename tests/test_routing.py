@@ -43,6 +43,34 @@ class OneHotMoE(TopKMoE):
         return out.reshape(b, s, d)
 
 
+class CountedMoE(TopKMoE):
+    """Experts fed from the router's token counts, read back as Python ints (``tolist``) to split the tokens
+    sorted by expert: counted as JetMoE does (ones scattered at the chosen experts, summed over tokens),
+    by ``bincount`` or by ``histc``."""
+
+    def __init__(self, count="scatter"):
+        super().__init__()
+        self.count = count
+
+    def forward(self, x):
+        b, s, d = x.shape
+        x = x.reshape(-1, d)
+        weights, idx = torch.topk(F.softmax(self.router(x), -1), self.k, dim=-1)
+        n = len(self.experts)
+        if self.count == "scatter":
+            counts = torch.zeros(x.shape[0], n).scatter(1, idx, 1).long().sum(0)
+        elif self.count == "bincount":
+            counts = torch.bincount(idx.flatten(), minlength=n)
+        else:
+            counts = torch.histc(idx.flatten().float(), bins=n, min=0, max=n - 1)
+        order = idx.flatten().argsort()
+        tokens = order // self.k
+        parts = x[tokens].split([int(c) for c in counts.tolist()])
+        routed = torch.cat([expert(part) for expert, part in zip(self.experts, parts)])
+        out = torch.zeros_like(x).index_add_(0, tokens, routed * weights.flatten()[order, None])
+        return out.reshape(b, s, d)
+
+
 def expert_flops(tokens, k, d=64):
     # every token reaches k experts: two linear layers (with biases) and a GELU per routed token
     return tokens * k * (2 * d * 4 * d + 4 * d + 5 * 4 * d + 2 * 4 * d * d + d)
@@ -69,6 +97,25 @@ def test_a_moe_block_runs_analytically_with_the_real_runs_figures(block):
     # a balanced split: each expert's share of the tokens (a real run's split depends on the data)
     assert {m.forward_flops for m in experts} == {expert_flops(64, 2) // 4}
     assert analytic.peak_memory_bytes == pytest.approx(real.peak_memory_bytes, rel=0.05)
+
+
+@pytest.mark.parametrize("count", ["scatter", "bincount", "histc"])
+def test_experts_split_by_the_routers_counts_run_analytically(count):
+    torch.manual_seed(0)
+    model, x = CountedMoE(count), torch.randn(2, 30, 64)  # 60 tokens x 2 choices over 4 experts: 30 each
+    real = profile(model, x, train=True)
+    analytic = profile(model, x, train=True, device="meta")
+    assert analytic.uncounted == {}
+    experts = [m for m in analytic.modules if m.path.startswith("experts.") and m.path.count(".") == 1]
+    assert [m.forward_flops for m in experts] == [expert_flops(30, 1)] * 4
+    assert analytic.flops == real.flops
+
+
+def test_uneven_counts_still_add_up_to_the_routed_tokens():
+    torch.manual_seed(0)
+    model, x = CountedMoE("bincount"), torch.randn(1, 7, 64)  # 14 routed tokens over 4 experts: 4, 4, 3, 3
+    experts = [m for m in profile(model, x, device="meta").modules if m.path.startswith("experts.") and m.path.count(".") == 1]
+    assert [m.forward_flops for m in experts] == [expert_flops(4, 1)] * 2 + [expert_flops(3, 1)] * 2
 
 
 def test_a_moe_block_on_a_gpu_target():

@@ -15,7 +15,7 @@ Counting convention (the README's "How FLOPs are counted" repeats it for users):
 * Reductions cost 1 per input element (``var``/``std`` 3, ``norm`` 2).
 * Sorting and selection count comparisons: ``sort`` n * ceil(log2 n) per sorted row,
   ``topk`` n * ceil(log2 k), ``kthvalue``/``median`` n, ``nonzero`` n; ``histc`` 3 per
-  element.
+  element, ``bincount`` 1.
 * Normalisation layers: statistics 4 per element (mean 1, variance 3), normalise 2
   (subtract, multiply), affine 1 for the weight and 1 for the bias.
 * Pooling: one step per window element per output (max compares, average adds),
@@ -780,7 +780,7 @@ def fused_sgd(params: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> Op
 # One FLOP per comparison (or, for histc, per arithmetic step), as for max and argmax:
 # sort compares n * ceil(log2 n) times per sorted row, topk n * ceil(log2 k) (a heap of k),
 # a k-th value or median n (a selection), histc 3 per element (shift, scale, range test),
-# nonzero 1 per element.
+# bincount 1 per element (the count's add), nonzero 1 per element.
 
 
 def _rows_and_length(x: torch.Tensor, dim: int) -> tuple[int, int]:
@@ -816,6 +816,11 @@ def selection(x: torch.Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -
 @_register("histc")
 def histc(x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> int:
     return 3 * x.numel()
+
+
+@_register("bincount")
+def bincount(x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> int:
+    return x.numel()
 
 
 @_register("nonzero", "nonzero_static", "argwhere")

@@ -49,6 +49,10 @@ _VIEWS = {
 }
 
 
+# ops that take one count out of a tensor of counts
+_COUNTS_BY_ELEMENT = {aten.unbind.int, aten.select.int}
+
+
 class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Follows router indices and the masks made of them; answers ``nonzero`` on those masks."""
 
@@ -71,7 +75,14 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         if func is aten.nonzero.default:
             return self._nonzero(args[0])
+        if func is aten._local_scalar_dense.default and (known := self._get(args[0])) is not None and known[0] == "count":
+            return int(known[1])  # one expert's tokens, read (tolist, item)
+        if func is aten.bincount.default and (counted := self._bincount(args, kwargs)) is not None:
+            return counted
         out = func(*args, **kwargs)
+        if func in _COUNTS_BY_ELEMENT and (known := self._get(args[0])) is not None and known[0] == "counts":
+            self._split_counts(func, args, out, known[1])
+            return out
         if func in _INDICES_AT:
             at = 2 if func is aten.topk.default else 1
             dim = args[at] if len(args) > at else kwargs.get("dim", -1)
@@ -90,6 +101,18 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._set(out, ("arange", out.numel()))
         elif func in (aten.eq.Scalar, aten.eq.Tensor):
             self._set_match(out, args[0], args[1])
+        elif func in (aten.scatter.value, aten.scatter_.value):  # ones at the chosen indices: a mask
+            known, dim = self._get(args[2]), args[1]
+            if known is not None and known[0] == "indices" and args[3] == 1 and args[0].dim():
+                self._set(out, ("density", args[2].shape[dim] / args[0].shape[dim]))
+        elif func in (aten.sum.dim_IntList, aten.sum.default):  # a mask's true elements, counted
+            known = self._get(args[0])
+            if known is not None and known[0] == "density":
+                self._set(out, ("counts", round(args[0].numel() * known[1])))
+        elif func is aten.histc.default:  # indices binned by expert
+            known = self._get(args[0])
+            if known is not None and known[0] == "indices":
+                self._set(out, ("counts", args[0].numel()))
         elif func in _VIEWS:
             known = self._get(args[0])
             if known is not None:
@@ -108,6 +131,32 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
             elif (classes := self._get(other)) is not None and classes[0] == "arange" and classes[1] >= known[1]:
                 self._set(out, ("density", 1 / classes[1]))
             return
+
+    def _bincount(self, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+        """``bincount`` of indices over n experts, unweighted: every expert gets tokens, so n bins (or
+        ``minlength``), holding the tokens' count."""
+        known = self._get(args[0])
+        if known is None or known[0] != "indices" or (args[1] if len(args) > 1 else kwargs.get("weights")) is not None:
+            return None
+        minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+        out = torch.empty((max(int(known[1]), minlength),), dtype=torch.long, device=args[0].device)
+        self._set(out, ("counts", args[0].numel()))
+        return out
+
+    def _split_counts(self, func: Any, args: Any, out: Any, total: float) -> None:
+        """One expert's count (``select``, or each of ``unbind``'s) of a 1-D tensor of counts: the balanced
+        split of ``total`` over its elements, the first ``total mod n`` one more, so that they add up."""
+        counts = args[0]
+        if counts.dim() != 1 or counts.numel() == 0:
+            return
+        n = counts.numel()
+        share, extra = divmod(int(total), n)
+        if func is aten.unbind.int:
+            for e, one in enumerate(out):
+                self._set(one, ("count", share + (e < extra)))
+        else:  # select.int(counts, 0, e)
+            e = args[2] % n
+            self._set(out, ("count", share + (e < extra)))
 
     def _nonzero(self, mask: torch.Tensor) -> torch.Tensor:
         known = self._get(mask)
