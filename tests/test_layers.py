@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from models import Fn
 from pytest_modelprof import profile
 
 N, C, S = 2, 4, 8
@@ -246,3 +247,10 @@ def test_a_compiled_module_is_profiled_as_its_eager_ops_without_warnings(recwarn
     x = torch.randn(4, 16)
     assert profile(torch.compile(model), x).flops == profile(model, x).flops
     assert not [w for w in recwarn if "global hooks" in str(w.message)]
+
+
+def test_polar_is_a_cosine_a_sine_and_two_products_per_element():
+    # Llama 4's rotary frequencies: torch.polar(ones, angles)
+    result = profile(Fn(torch.polar), (torch.ones(4, 8), torch.rand(4, 8)))
+    assert result.uncounted == {}
+    assert result.op("aten.polar").flops == 4 * 32

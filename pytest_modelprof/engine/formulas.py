@@ -686,6 +686,7 @@ ELEMENTWISE: dict[str, int] = {
         "addcmul addcdiv lerp softplus logit softshrink sigmoid_backward tanh_backward elu_backward _prelu_kernel_backward".split(), 3
     ),
     **dict.fromkeys("elu celu hardsigmoid log_sigmoid_forward log_sigmoid_backward softplus_backward hardswish_backward".split(), 4),
+    "polar": 4,  # (r cos t, r sin t)
     **dict.fromkeys("gelu selu hardswish mish glu_backward".split(), 5),
     "silu_backward": 6,
     "gelu_backward": 9,

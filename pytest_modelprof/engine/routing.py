@@ -7,7 +7,11 @@ experts), and each expert takes the tokens whose choice is its own
 (``torch.where(indices == e)``, or a ``one_hot`` of the indices, sliced per expert).
 :class:`Routing` follows that chain and answers ``nonzero`` with the *balanced* count:
 indices drawn over ``n`` experts are taken to hit each one equally, so a mask of
-``indices == e`` holds ``numel / n`` true elements. The counts of all experts add up to
+``indices == e`` holds ``numel / n`` true elements. Routers that count each expert's tokens
+(ones scattered at the chosen experts and summed over the tokens, as JetMoE does, or a
+``bincount``/``histc`` of the indices) and read the counts back (``tolist()``, ``item()``)
+to split the tokens get the same balanced counts, the first ``total mod n`` experts one
+token more. The counts of all experts add up to
 the tokens times the experts each token picks, exactly as in a real run; so do the
 experts' FLOPs, which are linear in their tokens. Memory follows the balanced split (a
 real run's split depends on the data). A ``nonzero`` of anything else is refused with a
