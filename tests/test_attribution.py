@@ -123,6 +123,28 @@ def test_recursive_module_is_not_counted_twice():
     assert result.module("lin").forward_flops == 3 * LINEAR
 
 
+def test_a_module_swapped_in_as_the_model_runs_gets_the_figures():
+    # BigBird puts full attention in place of its block-sparse attention on a short sequence, in forward,
+    # keeping the projections' weights
+    class Swapping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = linear()
+
+        def forward(self, h):
+            if isinstance(self.attention, nn.Linear):
+                self.attention = nn.Sequential(self.attention)
+            return self.attention(h * 2)
+
+    result = profile(Swapping(), x(requires_grad=False))
+    assert result.module("attention").type == "Linear"  # the row of the model as the run began
+    assert result.module("attention").forward_flops == LINEAR  # holds what ran in its place
+    assert (result.module("attention.0").params, result.module("attention.0").forward_flops) == (F * F, LINEAR)
+    trained = profile(Swapping(), x(), train=True)
+    assert trained.module("attention.0").backward_flops == 2 * LINEAR
+    assert trained.module("attention.0").activation_bytes == 4 * F * 4  # its input (h * 2), saved for the weight gradient
+
+
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 def test_checkpointing_reports_recomputation(reentrant):
     class Checkpointed(nn.Module):

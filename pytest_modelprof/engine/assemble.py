@@ -93,6 +93,10 @@ def model_figures(params: Iterable[torch.Tensor], buffers: Iterable[torch.Tensor
 
 
 def _module_rows(named_modules: list[tuple[str, nn.Module]], tracker: ModuleTracker) -> dict[str, ModuleStats]:
+    """A row per module of the model as the run began, and per path a module ran at that the model had not
+    then (the model put modules in as it ran; one that took an old module's place keeps the old row)."""
+    paths = {path for path, _ in named_modules}
+    named_modules = named_modules + [(path, module) for path, module in tracker.ran.items() if path not in paths]
     params = _parameters_per_module(named_modules)
     return {
         path: ModuleStats(
@@ -120,5 +124,6 @@ def _parameters_per_module(named_modules: list[tuple[str, nn.Module]]) -> dict[i
             found[id(module)] = own
         return own
 
-    visit(named_modules[0][1])
+    for _, module in named_modules:  # each: the model may have swapped a module out as it ran (BigBird its attention)
+        visit(module)
     return found

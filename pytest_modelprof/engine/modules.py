@@ -3,7 +3,10 @@
 Forward: global module pre/post hooks, registered only while a profile runs, keep a
 stack of frames. A module's path is its name under the module that called it, so a
 module shared by two parents is attributed to whichever parent ran it; a module
-called from outside its parent falls back to its first path in ``named_modules``.
+called from outside its parent falls back to its first path in ``named_modules``. A module
+the model puts in as it runs (a child of a running module, not in the model when the run
+began: BigBird swaps its attention in forward) is tracked from its first call, and every
+path a module ran at is kept (``ran``), so that each gets a row.
 
 Backward: every autograd node gets a sequence number when the forward creates it.
 At each module entry and exit the tracker records the next sequence number and the
@@ -61,6 +64,7 @@ class ModuleTracker:
         self._node_keys: dict[int, StackKey] = {}
         self._param_keys: dict[int, StackKey] = {}
         self._handles: list[Any] = []
+        self.ran: dict[str, nn.Module] = {}  # each path a module ran at, and the first module that ran there
         # told of every tracked call (see memo.LeafMemo): enter(module, args, key), exit(module)
         self.observer: Any = None
 
@@ -100,8 +104,20 @@ class ModuleTracker:
                 return f"{parent_path}.{name}" if parent_path else name
         return self.first_path[id(module)]
 
+    def _adopt(self, module: nn.Module) -> bool:
+        """Whether ``module``, not in the model when the run began, is a child of the running module (one
+        the model put in as it ran: BigBird swaps its attention in forward); if so it is tracked from now."""
+        if not self.frames:
+            return False
+        parent_path, parent, _ = self.frames[-1]
+        name = next((n for n, child in parent._modules.items() if child is module), None)
+        if name is None:
+            return False
+        self.first_path[id(module)] = f"{parent_path}.{name}" if parent_path else name
+        return True
+
     def _enter(self, module: nn.Module, args: Any) -> None:
-        if id(module) not in self.first_path:
+        if id(module) not in self.first_path and not self._adopt(module):
             return
         path = self._path_of(module)
         if not self.frames:
@@ -114,6 +130,8 @@ class ModuleTracker:
             key = (*self.key, path)
         self.frames.append((path, module, key))
         self.key = key
+        if path not in self.ran:
+            self.ran[path] = module
         if not in_backward():
             self.calls[path] += 1
         self._mark()
