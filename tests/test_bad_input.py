@@ -145,3 +145,41 @@ def test_inputs_changed_in_place_by_the_model_are_not_the_callers():
     before = x.clone()
     profile(InPlace(), x)
     assert torch.equal(x, before)
+
+
+class Rescaling(nn.Module):
+    """RWKV's habit: the first inference rescales the weights in place and records it on the module, and
+    caches a table on itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.rescaled = False
+
+    def forward(self, x):
+        if not self.rescaled:
+            with torch.no_grad():
+                self.linear.weight.div_(2)
+            self.rescaled = True
+            self.table = torch.ones(4, device=x.device)
+        return self.linear(x) * self.table
+
+
+@pytest.mark.parametrize("options", [{"device": "meta"}, {"device": "meta", "train": True}, {"target": "h100"}], ids=["eval", "train", "cuda-target"])
+def test_what_an_analytic_run_records_on_the_model_is_undone(options):
+    # the rescaling went to fake tensors, not the caller's: the caller's module must not say it is done
+    model = Rescaling()
+    weight = model.linear.weight.detach().clone()
+    first = profile(model, torch.randn(2, 4), **options)
+    assert model.rescaled is False and not hasattr(model, "table")
+    assert torch.equal(model.linear.weight, weight)
+    assert profile(model, torch.randn(2, 4), **options).flops == first.flops  # and the next run rescales again
+
+
+def test_a_real_run_keeps_what_the_model_did():
+    # a real inference run works on the caller's tensors: the weights were rescaled, as in eager use, and the
+    # record stays with them
+    model = Rescaling()
+    weight = model.linear.weight.detach().clone()
+    profile(model, torch.randn(2, 4))
+    assert model.rescaled is True and torch.equal(model.linear.weight, weight / 2)

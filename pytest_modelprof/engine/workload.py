@@ -158,6 +158,17 @@ class Workload:
         return self.fake_mode is not None
 
     @property
+    def in_place(self) -> bool:
+        """Whether the step runs on the caller's own tensors: a real inference run on the model's own device
+        (nothing receives a gradient, eval mode updates no buffer), or a sharded step on the run's own copy.
+        Every other run uses tensors of its own (moved, fake, or safe to backpropagate into)."""
+        return self.parallel is not None or (
+            self.fake_mode is None
+            and not self.train
+            and all(t.device == self.target for t in (*self.named_params.values(), *self.named_buffers.values()))
+        )
+
+    @property
     def python_backward(self) -> bool:
         """Whether the backward pass runs in :mod:`.backward` (analytic CUDA runs: the engine needs a driver)."""
         return self.fake_mode is not None and self.target.type == "cuda"
@@ -189,6 +200,8 @@ class Workload:
                     for tensor in tensors.params.values():
                         if tensor.requires_grad:
                             tensor.grad = torch.zeros_like(tensor)
+            if self.fake_mode is not None:  # what the model records on itself as it runs on fake tensors
+                stack.enter_context(_attributes_kept(self.named_modules))
             stack.enter_context(_restore_training_flags(flags))
             if any(flag is not self.train for flag in flags.values()):
                 self.model.train(self.train)
@@ -205,15 +218,7 @@ class Run:
     def __init__(self, workload: Workload, tensors: RunTensors) -> None:
         self.workload = workload
         self.tensors = tensors
-        # A real inference run on the model's own device needs no swapped tensors: nothing
-        # receives a gradient and eval mode updates no buffer. Every other run uses the
-        # prepared tensors (moved, fake, or safe to backpropagate into).
-        in_place = workload.parallel is not None or (
-            workload.fake_mode is None
-            and not workload.train
-            and all(t.device == workload.target for t in (*workload.named_params.values(), *workload.named_buffers.values()))
-        )
-        self._state = None if in_place else {**tensors.params, **tensors.buffers}
+        self._state = None if workload.in_place else {**tensors.params, **tensors.buffers}
         self._trainable = [t for t in tensors.params.values() if t.requires_grad]
         # the backward pass run in Python holds what autograd saves, to release it as the engine does
         self.saved = SavedTensors() if workload.python_backward and workload.train else None
@@ -439,6 +444,30 @@ def _dense_encoders(model: nn.Module) -> Iterator[None]:
     finally:
         for encoder in encoders:
             encoder.use_nested_tensor = True
+
+
+@contextlib.contextmanager
+def _attributes_kept(named_modules: list[tuple[str, nn.Module]]) -> Iterator[None]:
+    """Each module's own attributes as they were before an analytic run: a model that records its state as it
+    runs (RWKV sets ``layers_are_rescaled`` once it has rescaled its weights; models cache tables on
+    themselves) changed fake tensors, not the caller's, so the caller's model must not keep the record
+    (nor fake tensors). Attributes the run added are removed, those it replaced put back; objects changed in
+    place (a module's ``_modules``: a module swapped in) are left as they are. A real run is left as eager
+    use leaves it: its parameters may be the caller's own (a training step without an optimizer)."""
+    modules = list({id(module): module for _, module in named_modules}.values())
+    before = [(vars(module), dict(vars(module))) for module in modules]
+    try:
+        yield
+    finally:
+        for now, attributes in before:
+            for name in [name for name in now if name not in attributes]:
+                del now[name]
+            for name, value in attributes.items():
+                if now.get(name, _GONE) is not value:
+                    now[name] = value
+
+
+_GONE = object()
 
 
 @contextlib.contextmanager
