@@ -165,7 +165,9 @@ class Rescaling(nn.Module):
         return self.linear(x) * self.table
 
 
-@pytest.mark.parametrize("options", [{"device": "meta"}, {"device": "meta", "train": True}, {"target": "h100"}], ids=["eval", "train", "cuda-target"])
+@pytest.mark.parametrize(
+    "options", [{"device": "meta"}, {"device": "meta", "train": True}, {"target": "h100"}], ids=["eval", "train", "cuda-target"]
+)
 def test_what_an_analytic_run_records_on_the_model_is_undone(options):
     # the rescaling went to fake tensors, not the caller's: the caller's module must not say it is done
     model = Rescaling()
