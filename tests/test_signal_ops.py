@@ -46,6 +46,17 @@ def test_cdist_by_hand(p, root):
     assert flops_of(result, "aten._cdist_backward") == 2 * 4 * pairs * 8
 
 
+def test_cdist_as_a_matrix_product_by_hand():
+    # p = 2 past 25 rows a side: [-2 x1, |x1|^2, 1] times [x2, 1, |x2|^2]^T, a product of M + 2 terms per
+    # pair; the norms cost a square and an add per element, the scaling 1 per element of x1; then clamp, root
+    x1, x2 = torch.randn(2, 30, 8), torch.randn(2, 40, 8)
+    result = profile(Fn(torch.cdist), (x1, x2))
+    assert result.uncounted == {}
+    pairs = 2 * 30 * 40
+    op = result.op("aten._euclidean_dist")
+    assert (op.flops, op.macs) == (2 * pairs * 10 + 3 * x1.numel() + 2 * x2.numel() + 2 * pairs, pairs * 10)
+
+
 @pytest.mark.parametrize(("mode", "per_element"), [("bilinear", 7), ("nearest", 0), ("bicubic", 31)])
 def test_grid_sample_by_hand(mode, per_element):
     x = torch.randn(2, 3, 16, 16, requires_grad=True)

@@ -1178,6 +1178,17 @@ def cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, *_: A
     return OpCost(4 * grad.numel() * x1.shape[-1])
 
 
+# cdist's matrix-product form for p = 2 (torch.cdist's compute_mode, by default past 25 rows a side):
+# x1 (P x M) and x2 (R x M) padded with their squared norms (a square and an add per element) and
+# ones, x1 scaled by -2, one product of M + 2 terms per pair, then a clamp and a root per pair
+# (aten/src/ATen/native/Distance.cpp, _euclidean_dist).
+@_register("_euclidean_dist")
+def euclidean_dist(x1: torch.Tensor, x2: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
+    pairs = _first_tensor(out_val).numel()
+    macs = pairs * (x1.shape[-1] + 2)
+    return OpCost(2 * macs + 3 * x1.numel() + 2 * x2.numel() + 2 * pairs, macs)
+
+
 @_register("_pdist_forward")
 def pdist(x: torch.Tensor, p: float = 2.0, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     # as cdist: each of the n (n - 1) / 2 pairs of rows, 3 per feature and a root
