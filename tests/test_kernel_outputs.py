@@ -206,3 +206,80 @@ def test_an_embedding_bag_maps_its_indices_as_the_cpu_kernel_does(mode, dtype, p
         analytic = profile(bag, (indices, offsets), train=train, device="meta")
         assert [(op.op, op.allocated_bytes) for op in analytic.ops] == [(op.op, op.allocated_bytes) for op in real.ops]
         assert analytic.peak_memory_bytes == real.peak_memory_bytes
+
+
+def layouts():
+    """Tensors laid out every way a model makes them: each order of their dimensions in memory, with
+    dimensions of size 1 (whose strides views and kernels set otherwise), and a transposed view."""
+    made = []
+    for shape in [(1, 8, 4, 4), (2, 3, 4, 4), (1, 1, 3, 5), (3, 1, 4, 1), (1, 4, 2, 3, 3), (2, 1, 5)]:
+        n = len(shape)
+        for order in ([*range(n)], [*reversed(range(n))], [0, *range(2, n), 1], [1, 0, *range(2, n)]):
+            made.append(torch.randn([shape[d] for d in order]).permute([order.index(d) for d in range(n)]))
+    made.append(torch.randn(1, 16, 8).transpose(1, 2).view(1, 8, 4, 4))  # an attention output viewed as an image
+    return made
+
+
+POINTWISE = {
+    "exp": torch.exp,
+    "times a number": lambda a: a * 2,
+    "plus a 0-dim tensor": lambda a: a + torch.tensor(1.0),
+    "number minus": lambda a: 1 - a,
+    "compared with a number": lambda a: a > 0,
+    "where, number": lambda a: torch.where(a > 0, a, 0.0),
+    "times its contiguous self": lambda a: a * a.contiguous(),
+    "plus a broadcast row": lambda a: a + torch.randn(a.shape[-1]),
+    "divided, rounding": lambda a: torch.div(a, 2, rounding_mode="floor"),
+    "copysign, number": lambda a: torch.copysign(a, -1.0),
+    "number to the power": lambda a: torch.pow(2.0, a),
+    "nan_to_num": torch.nan_to_num,
+    "bf16 times a number": lambda a: a.bfloat16() * 3,
+}
+
+
+@pytest.mark.parametrize("op", POINTWISE.values(), ids=POINTWISE.keys())
+def test_pointwise_outputs_are_laid_out_as_the_cpu_kernels_lay_them_out(op):
+    # ATen's TensorIterator lays out an output by its operands' strides, a number or 0-dim operand included;
+    # PyTorch's fake kernels differ on dimensions of size 1 and 0-dim operands
+    for t in layouts():
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, KernelOutputs():
+            fake = op(mode.from_tensor(t))
+        assert fake.stride() == op(t).stride(), (tuple(t.shape), t.stride())
+
+
+def test_views_are_strided_as_the_cpu_kernels_stride_them():
+    from pytest_modelprof.engine.kernel_outputs import view_strides
+
+    for t in layouts():
+        for shape in ([-1], [t.shape[0], -1], [*t.shape[:-1], 1, t.shape[-1]], [1, *t.shape]):
+            try:
+                real = t.view(shape)
+            except RuntimeError:  # no view of this layout: the engine says so too
+                assert view_strides(tuple(t.shape), t.stride(), tuple(t.reshape(shape).shape)) is None
+                continue
+            assert view_strides(tuple(t.shape), t.stride(), tuple(real.shape)) == real.stride()
+
+
+class ImageAttention(nn.Module):
+    """A VAE's attention block at batch 1: the attention output viewed back as an image, scaled,
+    upsampled and convolved (diffusers' VQModel decoder)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.shortcut = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        y = self.proj(x.view(b, c, h * w).transpose(1, 2)).transpose(1, 2).view(b, c, h, w)
+        y = self.conv(nn.functional.interpolate((y + x) / 2, scale_factor=2.0))
+        return self.shortcut(y.contiguous())
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_an_attention_output_viewed_as_an_image_is_not_copied_in_one_run_only(train):
+    model, x = ImageAttention(), torch.randn(1, 8, 4, 4)
+    real, analytic = profile(model, x, train=train), profile(model, x, train=train, device="meta")
+    assert [(o.op, o.calls, o.allocated_bytes) for o in analytic.ops] == [(o.op, o.calls, o.allocated_bytes) for o in real.ops]
+    assert analytic.peak_memory_bytes == real.peak_memory_bytes

@@ -37,12 +37,21 @@ the storage and layout their kernels give them:
   anything else contiguous; layer norm's input gradient: contiguous; group norm's: as batch
   norm on the CPU, contiguous on CUDA), ``log_softmax``'s gradient, ``log_sigmoid`` on the CPU
   and the Huber loss's gradient (contiguous), and dropout's gradient on the CPU (the incoming
-  gradient's layout). :data:`LAYOUTS`; each checked against the CPU kernels in
+  gradient's layout), ``nan_to_num`` (its input's) and a number raised to a tensor's powers
+  (contiguous). :data:`LAYOUTS`; each checked against the CPU kernels in
   tests/test_kernel_outputs.py.
+- **elementwise outputs and views**: ATen lays out an elementwise op's output in its
+  TensorIterator, by the operands' strides, where a number or a 0-dim tensor counts as an
+  operand (:func:`elementwise_strides`), and strides a view by ``computeStride``
+  (:func:`view_strides`). PyTorch's Python references, which fake tensors run, differ where
+  dimensions have size 1 or an operand has none: an attention output viewed back as an image
+  at batch 1 and halved is channels-last to them and not to the real kernels, and the
+  convolution after it then lays out (and a ``contiguous()`` copies) in one run only.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -50,7 +59,7 @@ from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .formulas import bound_arguments
+from .formulas import ELEMENTWISE, bound_arguments
 
 aten = torch.ops.aten
 
@@ -58,6 +67,16 @@ aten = torch.ops.aten
 REDUCED_LOSSES = frozenset(
     {aten.mse_loss.default, aten.smooth_l1_loss.default, aten.soft_margin_loss.default, aten.binary_cross_entropy.default}
 )
+
+_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
+# elementwise ops whose kernels make their output in a TensorIterator (structured kernels); not those that
+# make it empty_like their input (nan_to_num, dropout) or contiguous (pow with a number for base)
+_NOT_ITERATED = {"nan_to_num", "native_dropout", "native_dropout_backward", "rrelu_with_noise", "mvlgamma"}
+_ITERATED = (frozenset(ELEMENTWISE) - _NOT_ITERATED) | {"where"}
+# a pointwise op's number arguments that its kernels wrap into a 0-dim tensor operand (``gt.Scalar``'s other,
+# ``rsub.Scalar``'s, ``where.ScalarOther``'s); the rest are parameters of a one-operand kernel (``alpha``,
+# ``pow``'s exponent, ``clamp``'s bounds)
+_WRAPPED = frozenset({"self", "other"})
 
 EMBEDDING_BAGS = frozenset({aten._embedding_bag.default, aten._embedding_bag_forward_only.default})
 SUM = 0  # the embedding bag mode with a fast path
@@ -79,6 +98,8 @@ _LAYOUT_RULES = {
     "huber_loss_backward.default": ("contiguous", None, False),
     "log_sigmoid_forward.default": ("contiguous", None, True),
     "native_dropout_backward.default": ("like", "grad_output", True),
+    "nan_to_num.default": ("like", "self", False),  # empty_like its input (aten/src/ATen/native/UnaryOps.cpp)
+    "pow.Scalar": ("contiguous", None, False),  # a number to a tensor's powers: the structured meta's output
 }
 LAYOUTS: dict[Any, tuple[str, str | None, bool]] = {
     getattr(getattr(aten, packet), overload): rule
@@ -163,7 +184,7 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        fake = bool(args) and isinstance(args[0], FakeTensor)
+        fake = bool(args) and (isinstance(args[0], FakeTensor) or any(isinstance(a, FakeTensor) for a in args[1:3]))
         if fake and func is _GROUPED_MM and args[0].dtype not in (torch.bfloat16, torch.float16):
             return _grouped_mm(*args, **kwargs)
         out = func(*args, **kwargs)
@@ -189,7 +210,143 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = (out[0], _offset2bag(func, args, kwargs, out[0]), *out[2:])
         elif func in LAYOUTS:
             out = _laid_out(func, args, kwargs, out)
+        elif func.overloadpacket.__name__ in _ITERATED and isinstance(out, FakeTensor) and func not in LAYOUTS:
+            strides = elementwise_strides(func, args, kwargs, tuple(out.shape))
+            if strides is not None and strides != tuple(out.stride()):
+                out.as_strided_(out.shape, strides, out.storage_offset())
+        elif func in _VIEWS and isinstance(out, FakeTensor) and not args[0].is_contiguous():
+            strides = view_strides(tuple(args[0].shape), tuple(args[0].stride()), tuple(out.shape))
+            if strides is not None and strides != tuple(out.stride()):
+                out.as_strided_(out.shape, strides, out.storage_offset())  # the same tensor, restrided
         return out
+
+
+def elementwise_strides(func: Any, args: Any, kwargs: dict[str, Any], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides of a pointwise op's output as ATen's TensorIterator gives them (aten/src/ATen/TensorIterator.cpp),
+    None where the op has no tensor operand or lays out as it is asked. Its operands are the arguments of
+    tensor type, a Python number among them being a 0-dim tensor (the dispatcher wraps it), and the numbers
+    its kernels wrap (:data:`_WRAPPED`). Where all have the output's shape, the fast
+    setup: contiguous, channels-last, or the operands' common strides where they are dense; otherwise the
+    dimensions sorted by the operands' strides (``reorder_dimensions``), the output dense in that order.
+    PyTorch's Python reference differs where an operand has 0 dimensions or where dimensions have size 1
+    (``a / 2`` on a transposed attention output: the real kernel keeps its layout, the fake one makes it
+    channels-last), and the next op then copies in one run and not in the other."""
+    schema = func._schema
+    if any(argument.name == "memory_format" for argument in schema.arguments):
+        return None  # laid out as it asks (clone, _to_copy)
+    bound = bound_arguments(func, args, kwargs)
+    operands: list[tuple[tuple[int, ...], tuple[int, ...], Any]] = []
+    for argument in schema.arguments:
+        value = bound.get(argument.name)
+        if isinstance(argument.type, torch.TensorType) and isinstance(value, torch.Tensor):
+            operands.append((tuple(value.shape), tuple(value.stride()), value))
+        elif isinstance(value, (bool, int, float, complex)) and (
+            isinstance(argument.type, torch.TensorType) or (isinstance(argument.type, torch.NumberType) and argument.name in _WRAPPED)
+        ):
+            operands.append(((), (), None))
+    ndim = len(shape)
+    broadcast = all(
+        len(operand_shape) <= ndim and all(size in (1, shape[ndim - len(operand_shape) + i]) for i, size in enumerate(operand_shape))
+        for operand_shape, _, _ in operands
+    )
+    if not operands or not shape or not broadcast or schema.is_mutable or math.prod(shape) == 0:
+        return None  # not one output over its operands' broadcast shape (glu halves its input), or no elements
+    if all(operand_shape == shape for operand_shape, _, _ in operands):
+        tensors = [t for _, _, t in operands]
+        if all(t.is_contiguous() for t in tensors):
+            return _contiguous_strides(shape)
+        if ndim == 4 and all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors):  # 2-d channels-last only
+            _, c, h, w = shape
+            return (h * w * c, 1, w * c, c)
+        if all(_dense(t) for t in tensors) and len({stride for _, stride, _ in operands}) == 1:
+            return operands[0][1]
+    # each operand's strides over the output's dimensions, 0 where it is broadcast
+    strides = []
+    for operand_shape, operand_stride, _ in operands:
+        offset = ndim - len(operand_shape)
+        strides.append(
+            [0] * offset + [0 if size == 1 and shape[offset + i] != 1 else operand_stride[i] for i, size in enumerate(operand_shape)]
+        )
+
+    def should_swap(dim0: int, dim1: int) -> int:
+        for stride in strides:
+            stride0, stride1 = stride[dim0], stride[dim1]
+            if stride0 == 0 or stride1 == 0:
+                continue
+            if stride0 != stride1:
+                return -1 if stride0 < stride1 else 1
+            if shape[dim0] > shape[dim1]:  # equal strides: the smaller dimension goes first
+                return 1
+        return 0
+
+    perm = list(range(ndim - 1, -1, -1))  # fastest first
+    for i in range(1, ndim):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    result = [0] * ndim
+    step = 1
+    for dim in perm:
+        result[dim] = step
+        step *= shape[dim]
+    return tuple(result)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: some order of its dimensions is contiguous (c10's
+    ``compute_non_overlapping_and_dense``; dimensions of size 1 have any stride)."""
+    step = 1
+    for size, stride in sorted(((size, stride) for size, stride in zip(t.shape, t.stride()) if size > 1), key=lambda pair: pair[1]):
+        if stride != step:
+            return False
+        step *= size
+    return True
+
+
+def view_strides(shape: tuple[int, ...], stride: tuple[int, ...], new_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides ATen gives a view of a ``shape`` tensor with ``stride`` as ``new_shape``
+    (aten/src/ATen/TensorUtils.cpp, ``computeStride``), None where no view can be made. Fake tensors
+    take another rule for dimensions of size 1 (PyTorch's Python reference, ``_reshape_view_helper``),
+    which then decides what follows: a channels-last-looking view of a transposed attention output is
+    channels-last to the fake run and not to the real one, whose next kernels lay out otherwise."""
+    if not shape:
+        return (1,) * len(new_shape)
+    if math.prod(shape) == 0:
+        if shape == new_shape:
+            return stride
+        made = [1] * len(new_shape)
+        for d in range(len(new_shape) - 2, -1, -1):
+            made[d] = max(new_shape[d + 1], 1) * made[d + 1]
+        return tuple(made)
+    new_stride = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base_stride, tensor_numel, view_numel = stride[-1], 1, 1
+    for tensor_d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[tensor_d]
+        # the end of a chunk of dimensions that are contiguous with each other: lay the view's over it
+        if tensor_d == 0 or (shape[tensor_d - 1] != 1 and stride[tensor_d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_stride[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if tensor_d > 0:
+                chunk_base_stride, tensor_numel, view_numel = stride[tensor_d - 1], 1, 1
+    return tuple(new_stride) if view_d == -1 else None
 
 
 def _laid_out(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
@@ -199,8 +356,12 @@ def _laid_out(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
     if not isinstance(first, FakeTensor) or (cpu_only and first.device.type != "cpu"):
         return out
     source = bound_arguments(func, args, kwargs)[argument] if argument else first
-    if rule == "like":
-        made = torch.empty_like(source, dtype=first.dtype)
+    if rule == "like":  # ATen's empty_like: a dense input's strides exactly (the fake one's can differ on size-1 dimensions)
+        made = (
+            torch.empty_strided(source.shape, source.stride(), dtype=first.dtype, device=first.device)
+            if _dense(source)
+            else torch.empty_like(source, dtype=first.dtype)
+        )
     else:
         suggested = rule == "suggested" or (rule == "suggested on cpu" and first.device.type == "cpu")
         made = torch.empty_like(first, memory_format=suggest_memory_format(source) if suggested else torch.contiguous_format)
