@@ -52,6 +52,7 @@ the storage and layout their kernels give them:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -279,22 +280,29 @@ def elementwise_strides(func: Any, args: Any, kwargs: dict[str, Any], shape: tup
                 return 1
         return 0
 
-    perm = list(range(ndim - 1, -1, -1))  # fastest first
-    for i in range(1, ndim):
-        dim1 = i
-        for dim0 in range(i - 1, -1, -1):
-            comparison = should_swap(perm[dim0], perm[dim1])
-            if comparison > 0:
-                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
-                dim1 = dim0
-            elif comparison < 0:
-                break
     result = [0] * ndim
     step = 1
-    for dim in perm:
+    for dim in reorder_dimensions(ndim, should_swap):
         result[dim] = step
         step *= shape[dim]
     return tuple(result)
+
+
+def reorder_dimensions(ndim: int, should_swap: Callable[[int, int], int]) -> list[int]:
+    """TensorIterator's order of ``ndim`` dimensions, fastest first (aten/src/ATen/TensorIterator.cpp,
+    ``reorder_dimensions``): from last to first, then an insertion sort by ``should_swap(a, b)`` (1: ``a``
+    goes after ``b``, -1: before, 0: no opinion, which leaves them and looks further)."""
+    order = list(range(ndim - 1, -1, -1))
+    for i in range(1, ndim):
+        moving = i
+        for j in range(i - 1, -1, -1):
+            comparison = should_swap(order[j], order[moving])
+            if comparison > 0:
+                order[j], order[moving] = order[moving], order[j]
+                moving = j
+            elif comparison < 0:
+                break
+    return order
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from ..formulas import bound_arguments
-from ..kernel_outputs import REDUCED_LOSSES
+from ..kernel_outputs import REDUCED_LOSSES, reorder_dimensions
 
 INT32_MAX = 2**31 - 1
 # one kernel launch's dimensions, as TensorIterator orders them: sizes, (output, input) byte
@@ -531,7 +531,6 @@ def _iterator(
         (shape[d], (0 if d in reduced or shape[d] == 1 else out_strides[d] * out_bytes), source.stride(d) * itemsize)
         for d in range(len(shape))
     ]
-    order = list(reversed(range(len(dims))))
 
     def should_swap(a: int, b: int) -> int:
         (size0, out0, in0), (size1, out1, in1) = dims[a], dims[b]
@@ -548,15 +547,7 @@ def _iterator(
                 return 1
         return 0
 
-    for i in range(1, len(order)):
-        moving = i
-        for j in range(i - 1, -1, -1):
-            comparison = should_swap(order[j], order[moving])
-            if comparison > 0:
-                order[j], order[moving] = order[moving], order[j]
-                moving = j
-            elif comparison < 0:
-                break
+    order = reorder_dimensions(len(dims), should_swap)
     sizes = [dims[d][0] for d in order]
     strides = [(dims[d][1], dims[d][2]) for d in order]
     sizes, strides = _coalesced(sizes, strides)
