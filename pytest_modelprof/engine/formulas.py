@@ -43,8 +43,9 @@ uncounted where the run has none.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -377,14 +378,25 @@ def _has_values(t: torch.Tensor) -> bool:
     return t.device.type != "meta" and not isinstance(t, FakeTensor)
 
 
-def _beneath_the_run(formula: Callable[..., Any]) -> Callable[..., Any]:
-    """``formula``, whose work on tensor values is no op of the step: run beneath the run's modes."""
+@contextlib.contextmanager
+def beneath_the_run() -> Iterator[None]:
+    """Tensor work that is no op of the step: beneath the run's dispatch and function modes, untracked
+    by autograd."""
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+        yield
 
-    def beneath(*args: Any, **kwargs: Any) -> Any:
-        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
-            return formula(*args, **kwargs)
 
-    return beneath
+def _from_values(read: Callable[..., Any]) -> Callable[..., Any]:
+    """``read(values, *rest)`` on the CPU copy of its first argument's values, beneath the run; None
+    where the run has no values (meta and fake tensors)."""
+
+    def reading(t: torch.Tensor, *rest: Any) -> Any:
+        if not _has_values(t):
+            return None
+        with beneath_the_run():
+            return read(t.detach().cpu(), *rest)
+
+    return reading
 
 
 def _kernel_attention(name: str, backward: bool, offsets_at: int) -> None:
@@ -1315,12 +1327,9 @@ _MATRIX_EXP_DEGREES = (
 )
 
 
-@_beneath_the_run
-def _matrix_1_norms(a: torch.Tensor) -> list[float] | None:
-    if not _has_values(a):
-        return None
-    matrices = a.detach().cpu().reshape(-1, *a.shape[-2:])
-    return matrices.abs().sum(-2).amax(-1).tolist()
+@_from_values
+def _matrix_1_norms(a: torch.Tensor) -> list[float]:
+    return a.reshape(-1, *a.shape[-2:]).abs().sum(-2).amax(-1).tolist()
 
 
 @_register("linalg_matrix_exp")
@@ -1392,14 +1401,11 @@ NAMED: dict[str, Formula] = {}
 ROI_ALIGN_SAMPLE, NMS_PAIR = 8, 12
 
 
-@_beneath_the_run
-def _box_sides(rois: torch.Tensor, spatial_scale: float, shift: float) -> list[tuple[float, float]] | None:
+@_from_values
+def _box_sides(rois: torch.Tensor, spatial_scale: float, shift: float) -> list[tuple[float, float]]:
     """Each box's (height, width) on the feature map, as the kernels compute them in the boxes' dtype
     (``rois``: K x 5, batch index then x1, y1, x2, y2); None where the run does not have the values."""
-    if not _has_values(rois):
-        return None
-    values = rois.detach().cpu()
-    corners = values[:, 1:].to(torch.float64 if values.dtype == torch.float64 else torch.float32)
+    corners = rois[:, 1:].to(torch.float64 if rois.dtype == torch.float64 else torch.float32)
     corners = corners * spatial_scale - shift
     sides = torch.stack([corners[:, 3] - corners[:, 1], corners[:, 2] - corners[:, 0]], 1)
     return [(h, w) for h, w in sides.tolist()]
@@ -1436,15 +1442,12 @@ NAMED["torchvision._roi_align_backward"] = _roi_align(2, 9, backward=True, posit
 NAMED["torchvision._ps_roi_align_backward"] = _roi_align(3, 6, backward=True, position_sensitive=True)
 
 
-@_beneath_the_run
-def _roi_windows(rois: torch.Tensor, spatial_scale: float, pooled: tuple[int, int], size: tuple[int, int], ends: int) -> list[int] | None:
+@_from_values
+def _roi_windows(rois: torch.Tensor, spatial_scale: float, pooled: tuple[int, int], size: tuple[int, int], ends: int) -> list[int]:
     """The pixels of every RoIPool window, box by box (``ends``: 1 where a box's side counts both its end
     pixels, RoIPool's, 0 for the position-sensitive kind's); None where the run does not have the boxes."""
-    if not _has_values(rois):
-        return None
-    values = rois.detach().cpu()
-    dtype = torch.float64 if values.dtype == torch.float64 else torch.float32
-    scaled = values[:, 1:].to(dtype) * spatial_scale
+    dtype = torch.float64 if rois.dtype == torch.float64 else torch.float32
+    scaled = rois[:, 1:].to(dtype) * spatial_scale
     corners = (torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)).long().tolist()  # C's round, half away from 0
     areas: list[int] = []
     for x1, y1, x2, y2 in corners:
@@ -1604,14 +1607,12 @@ _set("multi_margin_loss", _multi_margin(backward=False))
 _set("multi_margin_loss_backward", _multi_margin(backward=True))
 
 
-@_beneath_the_run
-def _label_pairs(target: torch.Tensor) -> int | None:
+@_from_values
+def _label_pairs(target: torch.Tensor) -> int:
     """(listed target, non-target class) pairs of a multi-label margin loss: a sample's targets are its
-    row's class indices up to the first negative one."""
-    if not _has_values(target):
-        return None
+    row's class indices up to the first negative one; None where the run does not have the values."""
     pairs = 0
-    for row in target.detach().cpu().reshape(-1, target.shape[-1] if target.dim() else 1).tolist():
+    for row in target.reshape(-1, target.shape[-1] if target.dim() else 1).tolist():
         listed = row[: next((i for i, c in enumerate(row) if c < 0), len(row))]
         pairs += len(listed) * (len(row) - len(set(listed)))
     return pairs

@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .formulas import METADATA, bound_arguments
+from .formulas import METADATA, beneath_the_run, bound_arguments
 
 aten = torch.ops.aten
 
@@ -391,7 +391,7 @@ def _small(out: Any, written: list[torch.Tensor]) -> bool:
 def _on_cpu(func: Any, args: Any, kwargs: Any) -> Any:
     """``func`` on real tensors, beneath none of the run's modes (the fake mode would take them), untracked
     by autograd."""
-    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+    with beneath_the_run():
         return func(*args, **kwargs)
 
 
