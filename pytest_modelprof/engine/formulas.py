@@ -387,14 +387,14 @@ def beneath_the_run() -> Iterator[None]:
 
 
 def _from_values(read: Callable[..., Any]) -> Callable[..., Any]:
-    """``read(values, *rest)`` on the CPU copy of its first argument's values, beneath the run; None
+    """``read(values, ...)`` on the CPU copy of its first argument's values, beneath the run; None
     where the run has no values (meta and fake tensors)."""
 
-    def reading(t: torch.Tensor, *rest: Any) -> Any:
+    def reading(t: torch.Tensor, *rest: Any, **options: Any) -> Any:
         if not _has_values(t):
             return None
         with beneath_the_run():
-            return read(t.detach().cpu(), *rest)
+            return read(t.detach().cpu(), *rest, **options)
 
     return reading
 
