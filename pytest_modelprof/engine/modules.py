@@ -92,29 +92,31 @@ class ModuleTracker:
 
     # forward -------------------------------------------------------------
 
+    def _child_path(self, module: nn.Module) -> str | None:
+        """``module``'s path as a child of the running module, None where it is not one."""
+        if not self.frames:
+            return None
+        parent_path, parent, _ = self.frames[-1]
+        pair = (id(parent), id(module))
+        name = self._child_names.get(pair, "")
+        if name == "":
+            name = next((n for n, child in parent._modules.items() if child is module), None)
+            self._child_names[pair] = name
+        if name is None:
+            return None
+        return f"{parent_path}.{name}" if parent_path else name
+
     def _path_of(self, module: nn.Module) -> str:
-        if self.frames:
-            parent_path, parent, _ = self.frames[-1]
-            pair = (id(parent), id(module))
-            name = self._child_names.get(pair, "")
-            if name == "":
-                name = next((n for n, child in parent._modules.items() if child is module), None)
-                self._child_names[pair] = name
-            if name is not None:
-                return f"{parent_path}.{name}" if parent_path else name
-        return self.first_path[id(module)]
+        path = self._child_path(module)
+        return path if path is not None else self.first_path[id(module)]
 
     def _adopt(self, module: nn.Module) -> bool:
         """Whether ``module``, not in the model when the run began, is a child of the running module (one
         the model put in as it ran: BigBird swaps its attention in forward); if so it is tracked from now."""
-        if not self.frames:
-            return False
-        parent_path, parent, _ = self.frames[-1]
-        name = next((n for n, child in parent._modules.items() if child is module), None)
-        if name is None:
-            return False
-        self.first_path[id(module)] = f"{parent_path}.{name}" if parent_path else name
-        return True
+        path = self._child_path(module)
+        if path is not None:
+            self.first_path[id(module)] = path
+        return path is not None
 
     def _enter(self, module: nn.Module, args: Any) -> None:
         if id(module) not in self.first_path and not self._adopt(module):
