@@ -185,7 +185,7 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        fake = bool(args) and (isinstance(args[0], FakeTensor) or any(isinstance(a, FakeTensor) for a in args[1:3]))
+        fake = any(isinstance(a, FakeTensor) for a in args[:3])  # a number may come first (pow.Scalar)
         if fake and func is _GROUPED_MM and args[0].dtype not in (torch.bfloat16, torch.float16):
             return _grouped_mm(*args, **kwargs)
         out = func(*args, **kwargs)
@@ -211,7 +211,7 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = (out[0], _offset2bag(func, args, kwargs, out[0]), *out[2:])
         elif func in LAYOUTS:
             out = _laid_out(func, args, kwargs, out)
-        elif func.overloadpacket.__name__ in _ITERATED and isinstance(out, FakeTensor) and func not in LAYOUTS:
+        elif func.overloadpacket.__name__ in _ITERATED and isinstance(out, FakeTensor):
             strides = elementwise_strides(func, args, kwargs, tuple(out.shape))
             if strides is not None and strides != tuple(out.stride()):
                 out.as_strided_(out.shape, strides, out.storage_offset())
