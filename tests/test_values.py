@@ -284,3 +284,77 @@ def test_a_library_that_traces_fake_tensors_takes_its_eager_path(monkeypatch, on
     assert {o.op for o in analytic.ops} == {o.op for o in real.ops}
     assert (analytic.flops, analytic.peak_memory_bytes) == (real.flops, real.peak_memory_bytes)
     assert import_utils.is_fake_tensor(torch.empty(1, device="meta")) is False  # put back as it was
+
+
+class Gaussian(nn.Module):
+    """A policy head: a normal distribution whose scale is computed from the weights. ``torch.distributions``
+    validates it (``if not torch._is_all_true(scale > 0): raise``), reading values an analytic run lacks."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+
+    def forward(self, x):
+        loc, scale = self.fc(x).chunk(2, dim=-1)
+        policy = torch.distributions.Normal(loc, nn.functional.softplus(scale), validate_args=True)
+        return -policy.log_prob(x).mean() + nn.functional.gaussian_nll_loss(loc, x, scale.exp())
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_check_that_raises_when_it_fails_is_taken_to_pass(train):
+    x = torch.randn(4, 8)
+    analytic, real = (profile(Gaussian(), x, train=train, device=device) for device in ("meta", None))
+    assert (analytic.flops, analytic.peak_memory_bytes) == (real.flops, real.peak_memory_bytes)
+    assert analytic.uncounted == real.uncounted == {}
+
+
+class Checked(nn.Module):
+    def __init__(self, check):
+        super().__init__()
+        self.fc, self.check = nn.Linear(8, 8), check
+
+    def forward(self, x):
+        h = self.fc(x)
+        self.check(h)
+        return h * 2
+
+
+def _assert_finite(h):
+    assert torch.isfinite(h).all(), "non-finite activations"
+
+
+def _raise_if_any_negative(h):
+    if torch.any(h.abs() < 0):
+        raise ValueError(f"negative magnitudes in a tensor of shape {tuple(h.shape)}")
+
+
+def _raise_unless_all_true(h):
+    if not torch._is_all_true(h.abs() >= 0):
+        raise ValueError("negative magnitudes")
+
+
+@pytest.mark.parametrize("check", [_assert_finite, _raise_if_any_negative, _raise_unless_all_true])
+def test_checks_of_either_sense_are_answered_with_the_passing_value(check):
+    x = torch.randn(4, 8)
+    analytic = profile(Checked(check), x, device="meta")
+    # the linear layer (2 FLOPs a MAC and the bias), the check, the doubling. The check, per element: isfinite's
+    # four ops (ATen's composite: (h == h) * (h.abs() != inf)), or abs and a comparison; then the reduction's one
+    per_element = (4 if check is _assert_finite else 2) + 1
+    assert analytic.flops == 4 * 8 * (2 * 8 + 1) + per_element * 4 * 8 + 4 * 8
+    assert analytic.flops == profile(Checked(check), x).flops
+
+
+def _branch_on_values(h):
+    if (h > 0).all():
+        h.mul_(2)  # a branch that goes on either way: which one the real run takes depends on the weights
+
+
+def _bool_called(h):
+    if not bool(torch.isfinite(h).all()):
+        raise ValueError("non-finite activations")
+
+
+@pytest.mark.parametrize("check", [_branch_on_values, _bool_called])
+def test_a_read_that_is_not_a_check_that_raises_is_still_refused(check):
+    with pytest.raises(ProfileError, match="an analytic run knows the values only of"):
+        profile(Checked(check), torch.randn(4, 8), device="meta")

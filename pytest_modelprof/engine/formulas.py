@@ -844,7 +844,7 @@ def nonzero(x: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> int:
 # ---------------------------------------------------------------- reductions and softmax
 
 REDUCTION: dict[str, int] = {
-    **dict.fromkeys("sum mean nansum prod amax amin max min argmax argmin aminmax all any".split(), 1),
+    **dict.fromkeys("sum mean nansum prod amax amin max min argmax argmin aminmax all any _is_all_true _is_any_true".split(), 1),
     **dict.fromkeys("cumsum cumprod logcumsumexp cummax cummin".split(), 1),
     **dict.fromkeys("norm linalg_vector_norm".split(), 2),
     **dict.fromkeys("var std var_mean std_mean logsumexp".split(), 3),

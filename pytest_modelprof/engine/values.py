@@ -18,12 +18,20 @@ the step's cost.
 Aliasing is followed as it is in a real run: a view's value is a view of its base's, so
 writes through either reach both; a write whose operands are not all known makes the
 written tensor, and every tensor sharing its storage, unknown.
+
+A check of a value the run does not know, whose failing branch raises at once, is taken to pass
+(:func:`passing_value`): ``torch.distributions`` validating its parameters (``if not
+torch._is_all_true(scale > 0): raise ValueError``), ``F.gaussian_nll_loss``'s ``if
+torch.any(var < 0): raise``, a model's ``assert (x >= 0).all()``. The real run that an analytic
+run stands for passes them, or it would not be profiled; the check's own ops are counted as run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dis
 import sys
+import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -164,6 +172,8 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         computable, written, seeded = self._ops.get(func) or self._describe(func)
         targets = [t for position, name in written for t in _tensors(args[position] if position < len(args) else kwargs.get(name))]
         drawn = (seeded or bool(self._drawn)) and self._made_by_draws(tensors, values, targets if seeded else [], seeded)
+        if func is aten._local_scalar_dense.default and args[0].dtype == torch.bool and (passing := passing_value()) is not None:
+            return passing
         if drawn and func in _SCALAR_READS:
             raise RandomValueRead(func)
         if known and tensors and func in _SIZED_BY_VALUES:
@@ -333,6 +343,99 @@ def eager_paths(known: KnownValues) -> Iterator[None]:
         yield
     finally:
         setattr(module, name, original)
+
+
+# frames between a Python truth test and the dispatch of the read it makes: the engine's modes and torch's dispatch
+_MACHINERY = (
+    "pytest_modelprof.",
+    "torch._ops",
+    "torch._compile",
+    "torch._dynamo.eval_frame",
+    "torch.utils._python_dispatch",
+    "torch.utils._stats",
+    "torch._subclasses.",
+)
+# instructions that test a value's truth and jump on it, and whether they jump when it is true
+_TRUTH_JUMPS = {
+    name: "TRUE" in name
+    for name in (
+        "POP_JUMP_IF_TRUE",
+        "POP_JUMP_IF_FALSE",
+        "POP_JUMP_FORWARD_IF_TRUE",
+        "POP_JUMP_FORWARD_IF_FALSE",
+        "POP_JUMP_BACKWARD_IF_TRUE",
+        "POP_JUMP_BACKWARD_IF_FALSE",
+    )
+}
+
+
+def passing_value() -> bool | None:
+    """The truth value that lets the Python check now testing a tensor's truth go on without raising: the
+    frame that tests it (``if``, ``if not``, ``assert``, as written or as pytest rewrites it) jumps one way to
+    code whose every path raises, before it returns, loops or yields, and the other way to code that may go
+    on. None where the read is not such a check (both branches go on, ``bool(t)`` called, ``.item()``)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(_MACHINERY):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    instructions = list(dis.get_instructions(frame.f_code))
+    at = {instruction.offset: n for n, instruction in enumerate(instructions)}
+    n = at.get(frame.f_lasti)
+    if n is None:
+        return None
+    negated = False
+    for opname in ("TO_BOOL", "UNARY_NOT"):  # Python 3.13's explicit conversion, and a `not` the compiler kept
+        if instructions[n].opname == opname and n + 1 < len(instructions):
+            negated ^= opname == "UNARY_NOT"
+            n += 1
+    jump = instructions[n]
+    if jump.opname not in _TRUTH_JUMPS or jump.argval not in at:
+        return None
+    paths = _Paths(instructions, at)
+    raises_if_taken, raises_if_not = paths.all_raise(at[jump.argval]), paths.all_raise(n + 1)
+    if raises_if_taken == raises_if_not:
+        return None
+    tested = _TRUTH_JUMPS[jump.opname] != raises_if_taken  # the tested value that goes the other way
+    return tested != negated
+
+
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs) | frozenset(getattr(dis, "hasjump", ()))
+_ENDS = ("RETURN", "RERAISE", "YIELD", "SEND", "FOR_ITER", "END_ASYNC_FOR")  # a path that goes on elsewhere
+
+
+class _Paths:
+    """The forward paths through a code object's instructions."""
+
+    def __init__(self, instructions: list[dis.Instruction], at: dict[int, int]) -> None:
+        self.instructions, self.at = instructions, at
+        self.memo: dict[int, bool] = {}
+        self.budget = 4096  # instructions looked at, in all: a longer failing branch is not called a check
+
+    def all_raise(self, n: int) -> bool:
+        """Whether every path from ``instructions[n]`` raises before it returns, jumps back or yields."""
+        if n in self.memo:
+            return self.memo[n]
+        start, raises = n, False
+        self.memo[start] = False
+        while n < len(self.instructions) and self.budget > 0:
+            self.budget -= 1
+            instruction = self.instructions[n]
+            if instruction.opname == "RAISE_VARARGS":
+                raises = True
+                break
+            if instruction.opname.startswith(_ENDS):
+                break
+            if instruction.opcode in _JUMPS:
+                target = self.at.get(instruction.argval) if isinstance(instruction.argval, int) else None
+                if target is None or target <= n:  # a loop, or a target not seen
+                    break
+                conditional = "IF" in instruction.opname
+                raises = self.all_raise(target) and (not conditional or self.all_raise(n + 1))
+                break
+            n += 1
+        self.memo[start] = raises
+        return raises
 
 
 def _pad_packed(
