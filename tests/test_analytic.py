@@ -137,3 +137,30 @@ def test_a_batched_product_with_a_parameter_is_folded_as_in_a_real_run():
     real, analytic = profile(Mixer(), x), profile(Mixer(), x, device="meta")
     assert [op.op for op in analytic.ops if op.flops] == [op.op for op in real.ops if op.flops] == ["aten.mm"]
     assert memory_figures(analytic) == memory_figures(real)
+
+
+class ConvertedHead(nn.Module):
+    """Converts its head to double precision as it runs (as Switch Transformers' router does with
+    ``self.classifier.to(self.dtype)``): a module conversion of the run's own parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(64, 64), nn.Linear(64, 4)
+
+    def forward(self, x):
+        self.head.double()
+        return self.head(self.body(x).double()).float()
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_module_converted_as_it_runs_converts_the_runs_parameters_in_place(train):
+    model, x = ConvertedHead(), torch.randn(4, 64)
+    analytic = profile(model, x, train=train, device="meta")
+    # the head's single-precision weights are freed by the conversion: at the peak the parameters are the body's alone
+    assert analytic.memory.peak_breakdown["parameters"] == (64 * 64 + 64) * 4
+    assert model.head.weight.dtype == torch.float32  # the caller's model is left as it was
+    assert analytic.flops == profile(model, x, train=train).flops
+    if not train:  # a real inference run converts the model's own parameters, as the model asks
+        model = ConvertedHead()
+        assert profile(model, x).peak_memory_bytes == analytic.peak_memory_bytes
+        assert model.head.weight.dtype == torch.float64

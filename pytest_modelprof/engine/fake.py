@@ -99,6 +99,8 @@ def run_tensors(workload: Workload) -> RunTensors:
         return converted
 
     def parameter(t: torch.Tensor) -> torch.Tensor:
+        if workload.in_place:  # the model's own parameter: a module converted as it runs converts this one
+            return t
         run = t.detach().to(target, copy=True) if copy_params and fake_mode is None else convert(t)
         return run.requires_grad_(t.requires_grad)  # as the caller's: matmul folds by it, and grad-enabled inference saves by it
 
@@ -251,3 +253,28 @@ def analytic_meta_kernels() -> Any:
     kernels: dict[str, Any] = dict.fromkeys(_FUSED_STEPS, _no_op)
     kernels.update(dict.fromkeys(("_ctc_loss_backward", "_ctc_loss_backward.Tensor"), input_gradient_meta))
     return meta_kernels(kernels)
+
+
+@contextlib.contextmanager
+def conversions_in_place() -> Iterator[None]:
+    """For an analytic run: a module converted as the model runs (``self.router.to(self.dtype)``, ``.float()``)
+    converts its fake parameters as a real run converts real ones, in place (``param.data = converted``).
+
+    ``Module._apply`` swaps a fake parameter's contents with its conversion instead (``torch.utils.swap_tensors``),
+    which refuses a tensor that something refers to weakly, as fake mode's own memo of converted tensors does:
+    between fake tensors the swap is done as the real run's assignment."""
+    original = torch.utils.swap_tensors
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):
+            original(t1, t2)  # type: ignore[no-untyped-call]
+            return
+        with torch.no_grad():
+            t1.data = t2
+        t1.fake_device = t2.fake_device
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
