@@ -63,6 +63,27 @@ def test_views_and_in_place_ops_add_nothing_contiguous_copies():
     assert profile(Reshapes(), x).peak_memory_bytes == 4 * N * A * 3
 
 
+class PositionTable(nn.Module):
+    """Holds a fixed position table as a plain attribute (not a buffer), as VideoMAE does, and adds a
+    view of it to its input: memory the step never allocates."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.randn(1, N, A)
+
+    def forward(self, x):
+        h = x + self.table.detach().type_as(x)
+        h.add_(self.table.detach())
+        return h * 2
+
+
+@pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
+def test_views_of_a_tensor_held_outside_the_step_are_not_allocations(device):
+    x = torch.randn(2, N, A)
+    # the input and, at the peak, the sum and the product
+    assert profile(PositionTable(), x, device=device).peak_memory_bytes == 4 * 2 * N * A * 3
+
+
 @pytest.mark.parametrize(
     "make, state_per_param",
     [

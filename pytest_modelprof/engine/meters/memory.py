@@ -141,6 +141,10 @@ class MemoryMeter(Meter):
             self.track_all(op.out, GRADIENTS)  # what AccumulateGrad stores in .grad
         elif op.name in SHARDED_GRADIENT_OPS and op.phase == "backward":
             self.track_all(op.args[0], GRADIENTS)  # FSDP2's reduce-scatter output: the sharded gradients are its views
+        elif _returns_views(op.func):  # a view of memory the step did not allocate is not an allocation
+            for value in tree_flatten(op.out)[0]:
+                if isinstance(value, torch.Tensor) and all(part.untyped_storage()._cdata in self.live for part in _parts(value)):
+                    self.track(value, TEMPORARIES)
         else:
             self.track_all(op.out, TEMPORARIES)
         if self._kernels is not None:
@@ -402,6 +406,20 @@ class MemoryMeter(Meter):
         for leftover in inserts.values():
             first.extend(leftover)
         return [*resident, *first, *step]
+
+
+_VIEWS: dict[Any, bool] = {}
+
+
+def _returns_views(func: Any) -> bool:
+    """Whether every output of ``func`` aliases an input (a view, ``detach``, an op that writes in place): its
+    storage exists before the op, whether or not the step allocated it (a tensor the model holds outside its
+    parameters and buffers, as VideoMAE holds its position table)."""
+    views = _VIEWS.get(func)
+    if views is None:
+        returns = getattr(getattr(func, "_schema", None), "returns", None) or []
+        views = _VIEWS[func] = bool(returns) and all(r.alias_info is not None for r in returns)
+    return views
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
