@@ -24,12 +24,21 @@ A check of a value the run does not know, whose failing branch raises at once, i
 torch._is_all_true(scale > 0): raise ValueError``), ``F.gaussian_nll_loss``'s ``if
 torch.any(var < 0): raise``, a model's ``assert (x >= 0).all()``. The real run that an analytic
 run stands for passes them, or it would not be profiled; the check's own ops are counted as run.
+
+Unknown values are taken to be finite numbers unless the model puts non-finite ones there: an
+operand that is a non-finite number (``masked_fill(mask, float("-inf"))``), a known value that
+holds one (the log of a known padding mask), or a value made from either. Tests of finiteness on
+the others have their finite answer (``isinf``, ``isnan``, ``x != x``, ``x == inf``), so that a
+model guarding against overflow (DETR's training layers: ``if torch.isinf(h).any() or
+torch.isnan(h).any(): clamp``) runs as a real run on sound values does. Overflow and division by
+zero, which a real run may meet, are not followed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dis
+import math
 import sys
 import types
 import weakref
@@ -91,6 +100,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # func -> (values computable, what it writes, whether it draws random numbers)
         self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...], bool]] = {}
         self._drawn: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors made from random numbers
+        self._unbounded: dict[int, weakref.ref[torch.Tensor]] = {}  # unknown values that may not be finite
         for fake, real in sources:
             if (
                 not isinstance(real, FakeTensor)
@@ -134,17 +144,9 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _draw(self, out: Any) -> None:
         """The tensors of ``out`` are made from random numbers."""
-        drawn = self._drawn
-
-        def gone(key: int) -> Callable[[object], None]:
-            def forget(_: object) -> None:  # the tensor is gone: so is its mark
-                drawn.pop(key, None)
-
-            return forget
-
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
-                drawn[id(t)] = weakref.ref(t, gone(id(t)))
+                self._drawn[id(t)] = weakref.ref(t, _dropper(self._drawn, id(t)))
 
     def _forget(self, fake: torch.Tensor) -> None:
         """``fake`` was written with values the run does not know: it, and every tensor sharing its storage."""
@@ -204,7 +206,40 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for target in targets:
             if self.value(target) is not None:
                 self._forget(target)
+        self._follow_finiteness(func, flat, tensors, values, out)
         return out
+
+    # finiteness ------------------------------------------------------------------
+
+    def _may_not_be_finite(self, t: torch.Tensor, value: torch.Tensor | None) -> bool:
+        if value is not None:
+            if not (value.is_floating_point() or value.is_complex()):
+                return False
+            with beneath_the_run():
+                return not bool(torch.isfinite(value).all())
+        entry = self._unbounded.get(id(t))
+        return entry is not None and entry() is t
+
+    def _follow_finiteness(self, func: Any, flat: list[Any], tensors: list[torch.Tensor], values: list[Any], out: Any) -> None:
+        """An op's outputs whose values the run does not know: marked as possibly not finite where an operand
+        may not be (a non-finite number, a known value holding one, a marked tensor); else, for a test of
+        finiteness (``isinf``, ``isnan``, ``x != x``, ``x == inf``), given the value it has on finite numbers."""
+        produced = [t for t in _tensors(out) if isinstance(t, FakeTensor) and self.value(t) is None]
+        if not produced:
+            return
+        if any(self._may_not_be_finite(t, v) for t, v in zip(tensors, values)):
+            self._mark_unbounded(produced)
+            return
+        answer = _on_finite_numbers(func, flat)
+        if answer is not None:
+            if len(produced) == 1 and produced[0].dtype == torch.bool and produced[0].numel() <= LIMIT:
+                self._remember(produced[0], _on_cpu(aten.full.default, (list(produced[0].shape), answer), {"dtype": torch.bool}))
+        elif any(isinstance(a, (float, complex)) and not _is_finite_number(a) for a in flat):
+            self._mark_unbounded(produced)
+
+    def _mark_unbounded(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            self._unbounded[id(t)] = weakref.ref(t, _dropper(self._unbounded, id(t)))
 
     def _real(self, tree: Any, zeros: bool = False) -> Any:
         """``tree`` with each tensor replaced by its value (``zeros``: where it has none, by zeros), and
@@ -478,6 +513,36 @@ def _apart_from_callers(real: Any, operands: list[torch.Tensor]) -> Any:
         return value
 
     return tree_map(apart, real)
+
+
+# tests of finiteness, and what they give on finite numbers: each element's, or (eq/ne of a tensor with itself
+# or with a non-finite number) the comparison's
+_FINITENESS_TESTS = {aten.isinf.default: False, aten.isnan.default: False, aten.isposinf.default: False, aten.isneginf.default: False}
+_EQUALITY = {aten.eq.Tensor: True, aten.ne.Tensor: False, aten.eq.Scalar: False, aten.ne.Scalar: True}
+
+
+def _on_finite_numbers(func: Any, flat: list[Any]) -> bool | None:
+    """What ``func``, a test of finiteness, gives on a tensor of finite numbers (None: it is not one)."""
+    if func in _FINITENESS_TESTS:
+        return _FINITENESS_TESTS[func]
+    if func in _EQUALITY and len(flat) == 2:
+        if func in (aten.eq.Tensor, aten.ne.Tensor):
+            return _EQUALITY[func] if flat[0] is flat[1] else None  # x == x: false only for NaN
+        if isinstance(flat[1], (float, complex)) and not _is_finite_number(flat[1]):
+            return _EQUALITY[func]  # x == inf (or nan): never, for a finite number
+    return None
+
+
+def _is_finite_number(x: float | complex) -> bool:
+    """Whether a Python number is finite."""
+    return math.isfinite(x.real) and math.isfinite(x.imag) if isinstance(x, complex) else math.isfinite(x)
+
+
+def _dropper(marks: dict[int, weakref.ref[torch.Tensor]], key: int) -> Callable[[object], None]:
+    def drop(_: object) -> None:  # the tensor is gone: so is its mark
+        marks.pop(key, None)
+
+    return drop
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
