@@ -237,7 +237,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         elif any(isinstance(a, (float, complex)) and not _is_finite_number(a) for a in flat):
             self._mark_unbounded(produced)
 
-    def _mark_unbounded(self, tensors: list[torch.Tensor]) -> None:
+    def _mark_unbounded(self, tensors: Iterable[torch.Tensor]) -> None:
         for t in tensors:
             self._unbounded[id(t)] = weakref.ref(t, _dropper(self._unbounded, id(t)))
 
