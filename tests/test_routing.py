@@ -118,6 +118,47 @@ def test_uneven_counts_still_add_up_to_the_routed_tokens():
     assert [m.forward_flops for m in experts] == [expert_flops(4, 1)] * 2 + [expert_flops(3, 1)] * 2
 
 
+class CapacityMoE(nn.Module):
+    """Switch Transformers' form: top-1 routing, each expert keeping the tokens of a sequence up to its capacity
+    (a cumulative sum of the one-hot choices along the sequence), the experts that get any token found with
+    ``nonzero`` and looked up by name in a loop over them."""
+
+    def __init__(self, capacity, d=64, experts=4):
+        super().__init__()
+        self.router, self.capacity = nn.Linear(d, experts), capacity
+        self.experts = nn.ModuleDict(
+            {f"expert_{e}": nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for e in range(experts)}
+        )
+
+    def forward(self, x):
+        b, s, d = x.shape
+        probs = F.softmax(self.router(x), -1)
+        chosen = F.one_hot(probs.argmax(-1), num_classes=len(self.experts))
+        chosen = chosen * (torch.cumsum(chosen, dim=-2) <= self.capacity)
+        weights = probs.max(-1).values.reshape(-1, 1)
+        x, mask = x.reshape(-1, d), chosen.reshape(-1, 1, len(self.experts)).permute(2, 1, 0)
+        out = torch.zeros_like(x)
+        for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero():
+            slot, token = torch.where(mask[e].squeeze(0))
+            out.index_add_(0, token, self.experts[f"expert_{e[0]}"](x[token]) * weights[token, slot, None])
+        return out.reshape(b, s, d)
+
+
+@pytest.mark.parametrize("capacity, kept", [(64, 8), (5, 5)], ids=["within-capacity", "over-capacity"])
+def test_a_capacity_router_keeps_each_experts_share_up_to_its_capacity(capacity, kept):
+    torch.manual_seed(0)
+    model, x = CapacityMoE(capacity), torch.randn(2, 32, 64)  # each sequence's 32 tokens over 4 experts: 8 each
+    analytic = profile(model, x, train=True, device="meta")
+    experts = [m for m in analytic.modules if m.path.startswith("experts.") and m.path.count(".") == 1]
+    # every expert gets tokens, and keeps min(8, capacity) of each of the 2 sequences
+    assert [m.forward_flops for m in experts] == [expert_flops(2 * kept, 1)] * 4
+    if capacity >= 32:  # no token over capacity in any split: the real run routes all 64 tokens too
+        real = profile(model, x, train=True)
+        assert sum(m.forward_flops for m in experts) == sum(
+            m.forward_flops for m in real.modules if m.path.startswith("experts.") and m.path.count(".") == 1
+        )
+
+
 def test_a_moe_block_on_a_gpu_target():
     result = profile(TopKMoE(), torch.randn(2, 32, 64), train=True, target="h100")
     assert result.uncounted == {} and result.predicted.seconds > 0

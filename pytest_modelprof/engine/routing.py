@@ -11,7 +11,11 @@ indices drawn over ``n`` experts are taken to hit each one equally, so a mask of
 (ones scattered at the chosen experts and summed over the tokens, as JetMoE does, or a
 ``bincount``/``histc`` of the indices) and read the counts back (``tolist()``, ``item()``)
 to split the tokens get the same balanced counts, the first ``total mod n`` experts one
-token more. The counts of all experts add up to
+token more. A capacity router (Switch Transformers: each expert keeps a sequence's tokens up
+to its capacity, its place in the queue a ``cumsum`` of the one-hot choices along the
+sequence) keeps ``min(L / n, capacity)`` of each sequence of L for every expert. The experts
+that get any token (``nonzero`` of ``counts > 0``) are the first ``min(n, total)``, and their
+indices are given as values, so that a loop over them reads each expert's number. The counts of all experts add up to
 the tokens times the experts each token picks, exactly as in a real run; so do the
 experts' FLOPs, which are linear in their tokens. Memory follows the balanced split (a
 real run's split depends on the data). A ``nonzero`` of anything else is refused with a
@@ -21,11 +25,12 @@ precision, which PyTorch's meta kernel refuses, is answered by :mod:`.kernel_out
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .errors import ProfileError
 
@@ -63,15 +68,16 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         # id(tensor) -> (tensor, value): ("indices", n) uniform over n choices; ("density", p) a mask
-        self._known: dict[int, tuple[weakref.ref[torch.Tensor], tuple[str, float]]] = {}
+        self._known: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...]]] = {}
+        self._decided: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
 
-    def _get(self, t: Any) -> tuple[str, float] | None:
+    def _get(self, t: Any) -> tuple[Any, ...] | None:
         if not isinstance(t, torch.Tensor):
             return None
         entry = self._known.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
 
-    def _set(self, t: Any, value: tuple[str, float]) -> None:
+    def _set(self, t: Any, value: tuple[Any, ...]) -> None:
         if isinstance(t, torch.Tensor):
             self._known[id(t)] = (weakref.ref(t), value)
 
@@ -109,6 +115,26 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
             known, dim = self._get(args[2]), args[1]
             if known is not None and known[0] == "indices" and args[3] == 1 and args[0].dim():
                 self._set(out, ("density", args[2].shape[dim] / args[0].shape[dim]))
+        elif func is aten.cumsum.default:  # each token's place in its expert's queue (a capacity router)
+            known = self._get(args[0])
+            if known is not None and known[0] == "density" and args[0].dim():
+                self._set(out, ("priority", known[1], args[0].shape[args[1]]))
+        elif func in (aten.le.Scalar, aten.lt.Scalar):  # the places within an expert's capacity
+            known = self._get(args[0])
+            if known is not None and known[0] == "priority" and isinstance(args[1], (int, float)):
+                capacity = math.floor(args[1]) if func is aten.le.Scalar else math.ceil(args[1]) - 1
+                self._set(out, ("within", known[1], known[2], capacity))
+        elif func is aten.mul.Tensor:  # a mask times its places within capacity: the tokens each expert keeps
+            self._set_kept(out, args[0], args[1])
+        elif func in (aten.gt.Scalar, aten.ne.Scalar) and args[1] == 0:  # the experts that get any token
+            known = self._get(args[0])
+            if known is not None and known[0] == "counts" and args[0].dim() == 1 and args[0].numel():
+                self._set(out, ("first", min(args[0].numel(), int(known[1]))))
+        elif func is aten.index.Tensor:  # one expert's slice of a mask: its share
+            known, indices = self._get(args[0]), args[1]
+            if known is not None and known[0] == "density" and len(indices) == 1 and indices[0] is not None:
+                if not indices[0].is_floating_point() and indices[0].dtype != torch.bool:
+                    self._set(out, known)
         elif func in (aten.sum.dim_IntList, aten.sum.default):  # a mask's true elements, counted
             known = self._get(args[0])
             if known is not None and known[0] == "density":
@@ -135,6 +161,22 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
             elif (classes := self._get(other)) is not None and classes[0] == "arange" and classes[1] >= known[1]:
                 self._set(out, ("density", 1 / classes[1]))
             return
+
+    def _set_kept(self, out: torch.Tensor, left: Any, right: Any) -> None:
+        """``mask * within``: of the tokens a one-hot mask gives each expert along a dimension of L (a share
+        ``p``, so L * p each, balanced), those within its capacity: min(L * p, capacity) of the L."""
+        for mask, within in ((left, right), (right, left)):
+            chosen, places = self._get(mask), self._get(within)
+            if chosen is not None and places is not None and chosen[0] == "density" and places[0] == "within":
+                length, capacity = places[2], places[3]
+                self._set(out, ("density", max(0.0, min(length * chosen[1], capacity)) / length if length else 0.0))
+                return
+
+    def decided(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The value the balanced split gives ``t`` (``nonzero`` of the experts that get tokens: the first k,
+        in order), on the CPU; None where it gives none."""
+        entry = self._decided.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
 
     def _bincount(self, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
         """``bincount`` of indices over n experts, unweighted: every expert gets tokens, so n bins (or
@@ -164,6 +206,14 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _nonzero(self, mask: torch.Tensor) -> torch.Tensor:
         known = self._get(mask)
+        if known is not None and known[0] == "first":  # the experts that get tokens: the first k
+            hit = int(known[1])
+            out = torch.empty((hit, 1), dtype=torch.long, device=mask.device)
+            with _disable_current_modes():
+                value = torch.arange(hit, dtype=torch.long).unsqueeze(1)
+            key = id(out)
+            self._decided[key] = (weakref.ref(out, lambda _: self._decided.pop(key, None)), value)
+            return out
         if known is None or known[0] != "density":
             raise ProfileError(
                 "nonzero (or torch.where(mask)) needs the values of its input, which an analytic run does not have "

@@ -94,8 +94,13 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Works out the values of small tensors made from constants and ``sources`` (pairs of a run's fake
     tensor and the real tensor it stands for), and answers reads of them (see the module's notes)."""
 
-    def __init__(self, sources: Iterable[tuple[torch.Tensor, torch.Tensor]] = ()) -> None:
+    def __init__(
+        self,
+        sources: Iterable[tuple[torch.Tensor, torch.Tensor]] = (),
+        decided: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+    ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
+        self._decided = decided  # values a mode beneath gives its outputs (the experts a balanced router hits)
         self._values: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         # func -> (values computable, what it writes, whether it draws random numbers)
         self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...], bool]] = {}
@@ -192,6 +197,9 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if tensors and (known or (func in _SIZED_BY_MASKS and masks)):
                 return self._sized(func, args, kwargs, tensors[0].device, remember=known, error=error)
             raise
+        if self._decided is not None and isinstance(out, FakeTensor) and (decided := self._decided(out)) is not None:
+            self._remember(out, decided)
+            return out
         if drawn:
             self._draw(out)
         # never into a real tensor of the caller's: only the run's fake tensors have values written
@@ -363,21 +371,33 @@ def eager_paths(known: KnownValues) -> Iterator[None]:
     transformers counts a fake tensor as a trace (``is_tracing``, through ``utils.import_utils.is_fake_tensor``):
     traced, it builds the attention mask that an eager run leaves out once it has read that the padding mask
     is all ones, and attention runs masked where the real run's is causal. Nothing is imported: a library
-    that the model has not imported is not there to patch."""
-    module, name = sys.modules.get("transformers.utils.import_utils"), "is_fake_tensor"
-    original = getattr(module, name, None)
-    if module is None or not callable(original):
-        yield
-        return
+    that the model has not imported is not there to patch.
 
-    def is_fake_tensor(x: Any) -> bool:
-        return bool(original(x)) and known.value(x) is None
+    ``Tensor.__format__`` formats a 0-dim tensor as its number, but a subclass's as its repr: a fake one whose
+    value the run knows is formatted as its number (``self[f"expert_{idx}"]``, as a mixture-of-experts loop
+    names the expert it runs)."""
+    with contextlib.ExitStack() as stack:
+        module, name = sys.modules.get("transformers.utils.import_utils"), "is_fake_tensor"
+        original = getattr(module, name, None)
+        if module is not None and callable(original):
 
-    setattr(module, name, is_fake_tensor)
-    try:
+            def is_fake_tensor(x: Any) -> bool:
+                return bool(original(x)) and known.value(x) is None
+
+            setattr(module, name, is_fake_tensor)
+            stack.callback(setattr, module, name, original)
+        formatted, own = FakeTensor.__format__, "__format__" in vars(FakeTensor)
+
+        def __format__(self: FakeTensor, spec: str) -> str:
+            value = known.value(self) if self.dim() == 0 else None
+            return format(value.item(), spec) if value is not None else str(formatted(self, spec))  # type: ignore[no-untyped-call]
+
+        setattr(FakeTensor, "__format__", __format__)  # noqa: B010 (a method of the class, set for the run)
+        if own:
+            stack.callback(setattr, FakeTensor, "__format__", formatted)
+        else:  # inherited from Tensor: inherited again
+            stack.callback(delattr, FakeTensor, "__format__")
         yield
-    finally:
-        setattr(module, name, original)
 
 
 # frames between a Python truth test and the dispatch of the read it makes: the engine's modes and torch's dispatch

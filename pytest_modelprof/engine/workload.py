@@ -184,11 +184,11 @@ class Workload:
                 stack.enter_context(torch.random.fork_rng(devices=cuda, device_type=self.target.type))
             else:
                 stack.enter_context(self.fake_mode)
-                stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
+                routing = stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
                 stack.enter_context(_dense_encoders(self.model))
                 stack.enter_context(analytic_meta_kernels())
                 stack.enter_context(KernelOutputs())  # outputs whose storage the kernel sizes otherwise than the meta kernel
-                known = KnownValues(tensors.sources)  # values that follow from constants and inputs
+                known = KnownValues(tensors.sources, routing.decided)  # values that follow from constants and inputs
                 if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
                     stack.enter_context(CudaKernels(self.gpu, known.value))
                 stack.enter_context(known)
