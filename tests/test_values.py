@@ -412,3 +412,39 @@ def test_values_a_model_makes_infinite_are_not_taken_to_be_finite(bias):
     mask[0] = 0
     with pytest.raises(ProfileError, match="an analytic run knows the values only of"):
         profile(Masked(bias), (torch.randn(4, 8), mask), device="meta")
+
+
+class OneHot(nn.Module):
+    def __init__(self, classes):
+        super().__init__()
+        self.fc, self.classes = nn.Linear(8, 4), classes
+
+    def forward(self, x, labels):
+        chosen = nn.functional.one_hot(self.fc(x).argmax(-1), num_classes=4)  # indices the run does not know
+        given = nn.functional.one_hot(labels, num_classes=self.classes)  # indices it knows
+        return self.fc(x) * chosen + given[:, :4]
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_one_hot_runs_the_devices_kernel_not_the_fake_kernels_comparison(train):
+    x, labels = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    analytic, real = (profile(OneHot(6), (x, labels), train=train, device=device) for device in ("meta", None))
+    assert (analytic.flops, analytic.peak_memory_bytes) == (real.flops, real.peak_memory_bytes)
+    # the CPU kernel checks the indices (a min and max over them: one op per index), then scatters ones into zeros
+    ops = {row.op: row for row in analytic.ops if row.phase == "forward"}
+    assert ops["aten.aminmax"].calls == 2 and ops["aten.aminmax"].flops == 2 * 16
+    assert "aten.eq" not in ops and ops["aten.scatter_"].calls == 2
+
+
+def test_one_hot_on_a_gpu_target_checks_nothing():
+    result = profile(OneHot(6), (torch.randn(16, 8), torch.randint(0, 4, (16,))), target="h100")
+    ops = {row.op for row in result.ops}
+    assert "aten.aminmax" not in ops and "aten.scatter_" in ops
+
+
+def test_one_hot_of_known_indices_out_of_range_fails_as_the_kernel_does():
+    x, labels = torch.randn(16, 8), torch.full((16,), 5)
+    with pytest.raises(ProfileError, match="Class values must be smaller than num_classes"):
+        profile(OneHot(4), (x, labels), device="meta")
+    with pytest.raises(ProfileError, match="Class values must be smaller than num_classes"):
+        profile(OneHot(4), (x, labels))

@@ -10,16 +10,19 @@ tensors (gradients, an optimizer step, buffers a training forward updates).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .errors import ProfileError
+from .formulas import beneath_the_run
 from .targets.gpus import GPUSpec
 
 CUDA_TARGET = torch.device("cuda", 0)  # what the fake tensors of an analytic GPU-target run claim
@@ -278,3 +281,60 @@ def conversions_in_place() -> Iterator[None]:
         yield
     finally:
         torch.utils.swap_tensors = original
+
+
+# what the one_hot kernel checks its indices with where it checks them (not on CUDA, MPS, XLA or PrivateUse1)
+_UNCHECKED_ONE_HOT = ("cuda", "mps", "xla", "privateuseone")
+
+
+@functools.cache
+def _one_hot_checks() -> tuple[Any, ...]:
+    """The reductions ATen's CPU ``one_hot`` checks its indices with before it allocates (``aminmax``; older
+    versions ``min`` and ``max``), as this torch's kernel runs them on a small real tensor."""
+    seen: list[Any] = []
+
+    class Record(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with beneath_the_run():
+        indices = torch.zeros(2, dtype=torch.long)
+        with Record():  # type: ignore[no-untyped-call]
+            torch.nn.functional.one_hot(indices, 3)
+    before = seen[: next((i for i, f in enumerate(seen) if f.overloadpacket is torch.ops.aten.zeros), len(seen))]
+    return tuple(f for f in before if torch.Tag.reduction in f.tags)
+
+
+@contextlib.contextmanager
+def device_one_hot(value: Callable[[torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
+    """For an analytic run: ``F.one_hot`` of fake indices runs the device's kernel (aten/src/ATen/native/Onehot.cpp),
+    not the comparison with ``arange`` ATen runs for meta and fake tensors: where it checks the indices (not on
+    CUDA) their reductions, then zeros and a scatter of ones. The checks raise as the kernel's do where ``value``
+    knows the indices; elsewhere they are taken to pass. An unknown number of classes (-1) is left to ATen."""
+    stock = torch.nn.functional.one_hot
+
+    def one_hot(tensor: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+        if not isinstance(tensor, FakeTensor) or tensor.dtype != torch.long or tensor.numel() == 0 or num_classes == -1:
+            return stock(tensor, num_classes)
+        if tensor.device.type not in _UNCHECKED_ONE_HOT:
+            for reduction in _one_hot_checks():
+                reduction(tensor)
+            known = value(tensor)
+            if known is not None:
+                with beneath_the_run():
+                    low, high = int(known.min()), int(known.max())
+                if low < 0:
+                    raise RuntimeError("Class values must be non-negative.")
+                if num_classes <= high:
+                    raise RuntimeError("Class values must be smaller than num_classes.")
+        elif num_classes < 1:
+            raise RuntimeError("num_classes should be positive")
+        out = torch.zeros((*tensor.shape, num_classes), dtype=torch.long, device=tensor.device)
+        return out.scatter_(-1, tensor.unsqueeze(-1), 1)
+
+    torch.nn.functional.one_hot = one_hot
+    try:
+        yield
+    finally:
+        torch.nn.functional.one_hot = stock

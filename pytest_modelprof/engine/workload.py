@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten
 from .backward import HookGuard, SavedTensors, run_backward
 from .distributed import Parallel, wait_for
 from .errors import ProfileError
-from .fake import RunTensors, analytic_meta_kernels, choose_mode, conversions_in_place, run_tensors, tensors_in
+from .fake import RunTensors, analytic_meta_kernels, choose_mode, conversions_in_place, device_one_hot, run_tensors, tensors_in
 from .kernel_outputs import KernelOutputs
 from .modules import ModuleTracker
 from .routing import Routing
@@ -194,6 +194,7 @@ class Workload:
                 stack.enter_context(known)
                 stack.enter_context(eager_paths(known))
                 stack.enter_context(conversions_in_place())
+                stack.enter_context(device_one_hot(known.value))
             if tensors.optimizer is not None and self.parallel is None:
                 _create_state(tensors.optimizer)
             if not self.set_to_none:  # gradients zeroed in place are resident from the start, as in later steps
