@@ -1,5 +1,7 @@
 """Bad input gets a clear error, and nothing is left behind after success or failure."""
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -47,11 +49,41 @@ def test_model_error_names_the_module_and_chains_the_cause(device):
     assert model.training
 
 
-def test_wrong_input_shape_names_the_layer():
+@pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
+def test_wrong_input_shape_names_the_layer(device):
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(5, 2))
     with pytest.raises(ProfileError, match=r"module '1' \(Linear\) raised RuntimeError"):
-        profile(model, torch.randn(3, 4))
+        profile(model, torch.randn(3, 4), device=device)
     assert leftovers(model) == CLEAN
+
+
+class Misshapen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(5))
+
+    def forward(self, x):
+        return x * self.scale  # (3, 4) by (5,): no broadcast
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_a_models_own_error_is_told_once_in_an_analytic_run():
+    logger, records = logging.getLogger("torch._subclasses.fake_tensor"), _Records()
+    logger.addHandler(records)  # torch's loggers do not propagate to pytest's
+    try:
+        with pytest.raises(ProfileError, match=r"module '<root>' \(Misshapen\) raised RuntimeError"):
+            profile(Misshapen(), torch.randn(3, 4), device="meta")
+    finally:
+        logger.removeHandler(records)
+    assert records.records == []  # fake mode's traceback of the failed meta kernel is not logged before it
 
 
 @pytest.mark.parametrize("inputs", [3, None, "text", {1: torch.zeros(1)}])

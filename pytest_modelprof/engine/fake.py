@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -338,3 +339,23 @@ def device_one_hot(value: Callable[[torch.Tensor], torch.Tensor | None]) -> Iter
         yield
     finally:
         torch.nn.functional.one_hot = stock
+
+
+class _MetaFailure(logging.Filter):
+    """fake mode's log of a meta kernel that raised (``log.exception``, with its traceback): the error goes on
+    to the caller, where the engine reports it with the module that raised it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+@contextlib.contextmanager
+def quiet_meta_failures() -> Iterator[None]:
+    """For an analytic run: a model's own error (a shape mismatch its meta kernel finds) is raised once, as a
+    :class:`ProfileError` naming the module, without fake mode's traceback logged to stderr before it."""
+    logger, quiet = logging.getLogger("torch._subclasses.fake_tensor"), _MetaFailure()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)

@@ -28,7 +28,16 @@ from torch.utils._pytree import tree_flatten
 from .backward import HookGuard, SavedTensors, run_backward
 from .distributed import Parallel, wait_for
 from .errors import ProfileError
-from .fake import RunTensors, analytic_meta_kernels, choose_mode, conversions_in_place, device_one_hot, run_tensors, tensors_in
+from .fake import (
+    RunTensors,
+    analytic_meta_kernels,
+    choose_mode,
+    conversions_in_place,
+    device_one_hot,
+    quiet_meta_failures,
+    run_tensors,
+    tensors_in,
+)
 from .kernel_outputs import KernelOutputs
 from .modules import ModuleTracker
 from .routing import Routing
@@ -184,6 +193,7 @@ class Workload:
                 stack.enter_context(torch.random.fork_rng(devices=cuda, device_type=self.target.type))
             else:
                 stack.enter_context(self.fake_mode)
+                stack.enter_context(quiet_meta_failures())
                 routing = stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
                 stack.enter_context(_dense_encoders(self.model))
                 stack.enter_context(analytic_meta_kernels())
