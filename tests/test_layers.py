@@ -121,6 +121,17 @@ def test_embedding_lookup_is_data_movement():
     assert result.backward_flops == 4 * 7 * 16  # gradients added into the looked-up rows
 
 
+def test_a_diagonals_gradient_is_data_movement():
+    class Diagonal(nn.Module):  # a scale matrix's diagonal, as a MultivariateNormal's log-density reads it
+        def forward(self, x):
+            return torch.diagonal(x @ x.mT, dim1=-2, dim2=-1).log().sum()
+
+    result = profile(Diagonal(), torch.randn(4, 3, 3).requires_grad_(), train=True, loss_fn=lambda out: out)
+    assert result.uncounted == {}
+    # its backward writes the gradient into zeros: 0 FLOPs; the rest is the products, log, sum and theirs
+    assert result.op("aten.diagonal_backward").flops == 0
+
+
 def test_upsampling():
     assert profile(nn.Upsample(scale_factor=2, mode="bilinear"), x4()).flops == 7 * NUMEL * 4
     nearest = profile(nn.Upsample(scale_factor=2), x4())

@@ -1678,7 +1678,9 @@ empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_l
 full full_like new_full scalar_tensor arange linspace eye tril triu one_hot pixel_shuffle
 pixel_unshuffle channel_shuffle native_channel_shuffle im2col _local_scalar_dense item
 bernoulli rand rand_like randn randn_like randint randint_like randperm normal uniform
-_fused_dropout resize_ set_ select_backward slice_backward diagonal diag_embed
+_fused_dropout resize_ set_ select_backward slice_backward diagonal diag_embed diagonal_backward
+select_scatter slice_scatter diagonal_scatter as_strided_scatter diagonal_copy narrow_copy unbind_copy
+as_strided_copy
 expand_copy permute_copy view_copy transpose_copy t_copy unsqueeze_copy squeeze_copy
 select_copy slice_copy split_copy alias_copy detach_copy _assert_async _assert_tensor_metadata
 _functional_assert_async sym_constrain_range_for_size lift lift_fresh_copy _has_compatible_shallow_copy_type
