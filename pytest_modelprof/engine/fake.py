@@ -284,7 +284,7 @@ def conversions_in_place() -> Iterator[None]:
         torch.utils.swap_tensors = original
 
 
-# what the one_hot kernel checks its indices with where it checks them (not on CUDA, MPS, XLA or PrivateUse1)
+# devices whose one_hot kernel leaves its indices unchecked (it relies on the scatter's device asserts)
 _UNCHECKED_ONE_HOT = ("cuda", "mps", "xla", "privateuseone")
 
 

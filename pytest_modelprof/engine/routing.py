@@ -11,13 +11,14 @@ indices drawn over ``n`` experts are taken to hit each one equally, so a mask of
 (ones scattered at the chosen experts and summed over the tokens, as JetMoE does, or a
 ``bincount``/``histc`` of the indices) and read the counts back (``tolist()``, ``item()``)
 to split the tokens get the same balanced counts, the first ``total mod n`` experts one
-token more. A capacity router (Switch Transformers: each expert keeps a sequence's tokens up
-to its capacity, its place in the queue a ``cumsum`` of the one-hot choices along the
-sequence) keeps ``min(L / n, capacity)`` of each sequence of L for every expert. The experts
-that get any token (``nonzero`` of ``counts > 0``) are the first ``min(n, total)``, and their
-indices are given as values, so that a loop over them reads each expert's number. The counts of all experts add up to
-the tokens times the experts each token picks, exactly as in a real run; so do the
-experts' FLOPs, which are linear in their tokens. Memory follows the balanced split (a
+token more. The counts of all experts add up to the tokens times the experts each token
+picks, exactly as in a real run; so do the experts' FLOPs, which are linear in their tokens.
+A capacity router (Switch Transformers: each expert keeps a sequence's tokens up to its
+capacity, its place in the queue a ``cumsum`` of the one-hot choices along the sequence)
+keeps ``min(L / n, capacity)`` of each sequence of L for every expert: exact where no expert
+of a real run's split overflows either. The experts that get any token (``nonzero`` of
+``counts > 0``) are the first ``min(n, total)``, and their indices are given as values, so
+that a loop over them reads each expert's number. Memory follows the balanced split (a
 real run's split depends on the data). A ``nonzero`` of anything else is refused with a
 clear error: profile that model on real tensors. (The experts' grouped product in full
 precision, which PyTorch's meta kernel refuses, is answered by :mod:`.kernel_outputs`.)
