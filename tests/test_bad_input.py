@@ -217,3 +217,14 @@ def test_a_real_run_keeps_what_the_model_did():
     weight = model.linear.weight.detach().clone()
     profile(model, torch.randn(2, 4))
     assert model.rescaled is True and torch.equal(model.linear.weight, weight / 2)
+
+
+@pytest.mark.parametrize("autocast", [torch.int8, torch.float64, "bf16"])
+def test_an_autocast_that_is_no_lower_precision_is_refused(autocast):
+    with pytest.raises(ValueError, match=r"autocast= takes the lower precision to run in, torch\.bfloat16 or torch\.float16"):
+        profile(nn.Linear(4, 4), torch.randn(2, 4), train=True, autocast=autocast)
+
+
+def test_a_device_torch_does_not_know_is_named():
+    with pytest.raises(ValueError, match=r"device='tpu' is not a device torch knows"):
+        profile(nn.Linear(4, 4), torch.randn(2, 4), device="tpu")

@@ -108,6 +108,9 @@ def profile(
     With ``target=``, memory is counted in the caching allocator's blocks and the predicted time
     includes the collectives over the GPU's links (see :class:`~pytest_modelprof.results.PredictedReport`).
     """
+    device = _device(device)
+    if autocast is not None and autocast not in _AUTOCAST:
+        raise ValueError(f"autocast= takes the lower precision to run in, torch.bfloat16 or torch.float16, got {autocast!r}")
     parallel = Parallel.build(world_size, parallelize, rank, mesh)
     if parallel is not None:
         if latency:
@@ -166,6 +169,19 @@ def profile_ranks(
     if "rank" in options:
         raise TypeError("profile_ranks() takes ranks=, the ranks to profile, not rank=")
     return [profile(model, inputs, world_size=world_size, parallelize=parallelize, rank=rank, **options) for rank in chosen]
+
+
+_AUTOCAST = (torch.bfloat16, torch.float16)  # the precisions torch.autocast runs in on the CPU and on CUDA
+
+
+def _device(device: str | torch.device | None) -> torch.device | None:
+    """``device=`` as a torch device; a clear error where torch knows no such device."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r} is not a device torch knows: {error}") from None
 
 
 def _sharded(
