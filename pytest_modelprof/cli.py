@@ -101,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"profile the step as it runs on this GPU, analytically, with no GPU needed ({', '.join(GPUS)}, or a calibration "
         "file of modelprof calibrate): its memory, whether it fits, and its predicted time",
     )
-    parser.add_argument("--depth", type=int, default=2, metavar="N", help="depth of the module tree (default: 2)")
-    parser.add_argument("--top", type=int, default=10, metavar="K", help="rows of the operator table, module types per depth (default: 10)")
+    parser.add_argument("--depth", type=_count, default=2, metavar="N", help="depth of the module tree (default: 2)")
+    parser.add_argument(
+        "--top", type=_count, default=10, metavar="K", help="rows of the operator table, module types per depth (default: 10)"
+    )
     parser.add_argument("--ops", action="store_true", help="show each module's operators in the module tree")
     parser.add_argument(
         "--ignore",
@@ -409,6 +411,17 @@ def make_inputs(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: str) 
                 "an analytic run allocates nothing: --device meta"
             ) from error
     return tuple(inputs)
+
+
+def _count(text: str) -> int:
+    """An argument that counts something: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got {text!r}")
+    return value
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:

@@ -294,3 +294,17 @@ def test_a_roofline_needs_a_predicted_step(tmp_path):
 
     with pytest.raises(ValueError, match="no predicted time"):
         plot_roofline(profile(nn.Linear(4, 4), torch.ones(1, 4)), tmp_path / "r.png")
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--top", "-1", "argument --top: expected a whole number, 0 or more, got '-1'"),
+        ("--depth", "two", "argument --depth: expected a whole number, 0 or more, got 'two'"),
+    ],
+)
+def test_counts_out_of_range_are_usage_errors(flag, value, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["torchvision.models:resnet18", "--input", "1x3x8x8", flag, value], out=io.StringIO())
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.endswith(f"modelprof: error: {message}\n")
