@@ -448,3 +448,28 @@ def test_one_hot_of_known_indices_out_of_range_fails_as_the_kernel_does():
         profile(OneHot(4), (x, labels), device="meta")
     with pytest.raises(ProfileError, match="Class values must be smaller than num_classes"):
         profile(OneHot(4), (x, labels))
+
+
+class RunningLow(nn.Module):
+    """Keeps the lowest activation seen, in a buffer that starts at +inf (as an observer's running minimum
+    does), overwritten by each step's minimum before it is tested."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("low", torch.tensor(float("inf")))
+
+    def forward(self, x):
+        h = self.fc(x)
+        self.low.copy_(h.amin())
+        if self.low == float("inf"):  # nothing seen yet: a branch that goes on either way
+            return h
+        return h - self.low
+
+
+def test_a_value_overwritten_with_a_finite_one_is_finite_again():
+    x = torch.randn(4, 8)
+    analytic = profile(RunningLow(), x, device="meta")
+    # the linear layer (2 FLOPs a MAC and the bias), the minimum, the test against inf, the subtraction
+    assert analytic.flops == 4 * 8 * (2 * 8 + 1) + 4 * 8 + 1 + 4 * 8
+    assert analytic.flops == profile(RunningLow(), x).flops

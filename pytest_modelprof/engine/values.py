@@ -214,7 +214,12 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for target in targets:
             if self.value(target) is not None:
                 self._forget(target)
-        self._follow_finiteness(func, flat, tensors, values, out)
+        overwritten = (
+            targets
+            if func.overloadpacket in _OVERWRITING
+            else [t for _, name in written if name == "out" for t in _tensors(kwargs.get(name))]
+        )
+        self._follow_finiteness(func, flat, [(t, v) for t, v in zip(tensors, values) if not any(t is o for o in overwritten)], out)
         return out
 
     # finiteness ------------------------------------------------------------------
@@ -228,14 +233,15 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         entry = self._unbounded.get(id(t))
         return entry is not None and entry() is t
 
-    def _follow_finiteness(self, func: Any, flat: list[Any], tensors: list[torch.Tensor], values: list[Any], out: Any) -> None:
-        """An op's outputs whose values the run does not know: marked as possibly not finite where an operand
-        may not be (a non-finite number, a known value holding one, a marked tensor); else, for a test of
-        finiteness (``isinf``, ``isnan``, ``x != x``, ``x == inf``), given the value it has on finite numbers."""
+    def _follow_finiteness(self, func: Any, flat: list[Any], read: list[tuple[torch.Tensor, Any]], out: Any) -> None:
+        """An op's outputs whose values the run does not know: marked as possibly not finite where an operand it
+        reads (``read``: each with its value, or None) may not be (a non-finite number, a known value holding
+        one, a marked tensor); else, for a test of finiteness (``isinf``, ``isnan``, ``x != x``, ``x == inf``),
+        given the value it has on finite numbers."""
         produced = [t for t in _tensors(out) if isinstance(t, FakeTensor) and self.value(t) is None]
         if not produced:
             return
-        if any(self._may_not_be_finite(t, v) for t, v in zip(tensors, values)):
+        if any(self._may_not_be_finite(t, v) for t, v in read):
             self._mark_unbounded(produced)
             return
         answer = _on_finite_numbers(func, flat)
@@ -537,6 +543,8 @@ def _apart_from_callers(real: Any, operands: list[torch.Tensor]) -> Any:
 
 # tests of finiteness, and what they give on finite numbers: each element's, or (eq/ne of a tensor with itself
 # or with a non-finite number) the comparison's
+# ops that overwrite the tensor they write, without reading it
+_OVERWRITING = frozenset({aten.copy_, aten.fill_, aten.zero_})
 _FINITENESS_TESTS = {aten.isinf.default: False, aten.isnan.default: False, aten.isposinf.default: False, aten.isneginf.default: False}
 _EQUALITY = {aten.eq.Tensor: True, aten.ne.Tensor: False, aten.eq.Scalar: False, aten.ne.Scalar: True}
 
