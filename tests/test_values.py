@@ -421,7 +421,7 @@ class OneHot(nn.Module):
 
     def forward(self, x, labels):
         chosen = nn.functional.one_hot(self.fc(x).argmax(-1), num_classes=4)  # indices the run does not know
-        given = nn.functional.one_hot(labels, num_classes=self.classes)  # indices it knows
+        given = nn.functional.one_hot(input=labels, num_classes=self.classes)  # indices it knows, by keyword
         return self.fc(x) * chosen + given[:, :4]
 
 

@@ -315,7 +315,8 @@ def device_one_hot(value: Callable[[torch.Tensor], torch.Tensor | None]) -> Iter
     knows the indices; elsewhere they are taken to pass. An unknown number of classes (-1) is left to ATen."""
     stock = torch.nn.functional.one_hot
 
-    def one_hot(tensor: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+    def one_hot(input: torch.Tensor, num_classes: int = -1) -> torch.Tensor:  # the stock function's keywords
+        tensor = input
         if not isinstance(tensor, FakeTensor) or tensor.dtype != torch.long or tensor.numel() == 0 or num_classes == -1:
             return stock(tensor, num_classes)
         if tensor.device.type not in _UNCHECKED_ONE_HOT:
@@ -334,7 +335,7 @@ def device_one_hot(value: Callable[[torch.Tensor], torch.Tensor | None]) -> Iter
         out = torch.zeros((*tensor.shape, num_classes), dtype=torch.long, device=tensor.device)
         return out.scatter_(-1, tensor.unsqueeze(-1), 1)
 
-    torch.nn.functional.one_hot = one_hot
+    torch.nn.functional.one_hot = one_hot  # type: ignore[assignment]  # the stub names the argument tensor; it is input
     try:
         yield
     finally:
