@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dis
+import functools
 import math
 import sys
 import types
@@ -440,8 +441,7 @@ def passing_value() -> bool | None:
         frame = frame.f_back
     if frame is None:
         return None
-    instructions = list(dis.get_instructions(frame.f_code))
-    at = {instruction.offset: n for n, instruction in enumerate(instructions)}
+    instructions, at = _instructions(frame.f_code)
     n = at.get(frame.f_lasti)
     if n is None:
         return None
@@ -459,6 +459,13 @@ def passing_value() -> bool | None:
         return None
     tested = _TRUTH_JUMPS[jump.opname] != raises_if_taken  # the tested value that goes the other way
     return tested != negated
+
+
+@functools.lru_cache(maxsize=256)
+def _instructions(code: types.CodeType) -> tuple[list[dis.Instruction], dict[int, int]]:
+    """``code``'s instructions, and the index of each by its offset (a check in a loop is read once)."""
+    instructions = list(dis.get_instructions(code))
+    return instructions, {instruction.offset: n for n, instruction in enumerate(instructions)}
 
 
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs) | frozenset(getattr(dis, "hasjump", ()))
