@@ -56,7 +56,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._prims_common import suggest_memory_format
+from torch._prims_common import make_contiguous_strides_for, suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -255,7 +255,7 @@ def elementwise_strides(func: Any, args: Any, kwargs: dict[str, Any], shape: tup
     if all(operand_shape == shape for operand_shape, _, _ in operands):
         tensors = [t for _, _, t in operands]
         if all(t.is_contiguous() for t in tensors):
-            return _contiguous_strides(shape)
+            return tuple(make_contiguous_strides_for(shape))
         if ndim == 4 and all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors):  # 2-d channels-last only
             _, c, h, w = shape
             return (h * w * c, 1, w * c, c)
@@ -305,14 +305,6 @@ def reorder_dimensions(ndim: int, should_swap: Callable[[int, int], int]) -> lis
     return order
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
-
-
 def _dense(t: torch.Tensor) -> bool:
     """Non-overlapping and dense: some order of its dimensions is contiguous (c10's
     ``compute_non_overlapping_and_dense``; dimensions of size 1 have any stride)."""
@@ -333,12 +325,7 @@ def view_strides(shape: tuple[int, ...], stride: tuple[int, ...], new_shape: tup
     if not shape:
         return (1,) * len(new_shape)
     if math.prod(shape) == 0:
-        if shape == new_shape:
-            return stride
-        made = [1] * len(new_shape)
-        for d in range(len(new_shape) - 2, -1, -1):
-            made[d] = max(new_shape[d + 1], 1) * made[d + 1]
-        return tuple(made)
+        return stride if shape == new_shape else tuple(make_contiguous_strides_for(new_shape))
     new_stride = [0] * len(new_shape)
     view_d = len(new_shape) - 1
     chunk_base_stride, tensor_numel, view_numel = stride[-1], 1, 1
