@@ -32,7 +32,7 @@ from .modules import ModuleTracker
 from .targets.cost import collective_seconds
 from .targets.gpus import GPUSpec, gpu_spec
 from .timing import Timing, batch_size_of, measure_latency
-from .workload import Sharded, Workload
+from .workload import Sharded, Workload, parse_device
 
 
 def profile(
@@ -108,7 +108,7 @@ def profile(
     With ``target=``, memory is counted in the caching allocator's blocks and the predicted time
     includes the collectives over the GPU's links (see :class:`~pytest_modelprof.results.PredictedReport`).
     """
-    device = _device(device)
+    device = parse_device(device) if device is not None else None
     if autocast is not None and autocast not in _AUTOCAST:
         raise ValueError(f"autocast= takes the lower precision to run in, torch.bfloat16 or torch.float16, got {autocast!r}")
     parallel = Parallel.build(world_size, parallelize, rank, mesh)
@@ -172,16 +172,6 @@ def profile_ranks(
 
 
 _AUTOCAST = (torch.bfloat16, torch.float16)  # the precisions torch.autocast runs in on the CPU and on CUDA
-
-
-def _device(device: str | torch.device | None) -> torch.device | None:
-    """``device=`` as a torch device; a clear error where torch knows no such device."""
-    if device is None or isinstance(device, torch.device):
-        return device
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device={device!r} is not a device torch knows: {error}") from None
 
 
 def _sharded(

@@ -48,11 +48,19 @@ from .values import KnownValues, eager_paths, unknown_value_hint
 DEVICE_KINDS = ("cpu", "cuda", "meta")  # what device= accepts ("meta": analytic)
 
 
+def parse_device(device: str | torch.device) -> torch.device:
+    """``device=`` as a torch device; a ValueError naming it where torch knows no such device."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise ValueError(f"device={device!r} is not a device torch knows: {error}") from None
+
+
 def device_kind(device: str) -> str | None:
     """The kind of device a ``device=`` string names (``"cuda:1"`` -> ``"cuda"``); None if torch cannot parse it."""
     try:
-        return torch.device(device).type
-    except (RuntimeError, ValueError):
+        return parse_device(device).type
+    except ValueError:
         return None
 
 
