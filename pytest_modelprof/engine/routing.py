@@ -31,9 +31,10 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import ProfileError
+from .formulas import beneath_the_run
 
 aten = torch.ops.aten
 
@@ -210,7 +211,7 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if known is not None and known[0] == "first":  # the experts that get tokens: the first k
             hit = int(known[1])
             out = torch.empty((hit, 1), dtype=torch.long, device=mask.device)
-            with _disable_current_modes():
+            with beneath_the_run():
                 value = torch.arange(hit, dtype=torch.long).unsqueeze(1)
             key = id(out)
             self._decided[key] = (weakref.ref(out, lambda _: self._decided.pop(key, None)), value)

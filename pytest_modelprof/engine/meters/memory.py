@@ -30,6 +30,7 @@ while it runs (:mod:`..targets.scratch`) is held under ``workspace`` for that op
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -408,18 +409,13 @@ class MemoryMeter(Meter):
         return [*resident, *first, *step]
 
 
-_VIEWS: dict[Any, bool] = {}
-
-
+@functools.cache
 def _returns_views(func: Any) -> bool:
     """Whether every output of ``func`` aliases an input (a view, ``detach``, an op that writes in place): its
     storage exists before the op, whether or not the step allocated it (a tensor the model holds outside its
     parameters and buffers, as VideoMAE holds its position table)."""
-    views = _VIEWS.get(func)
-    if views is None:
-        returns = getattr(getattr(func, "_schema", None), "returns", None) or []
-        views = _VIEWS[func] = bool(returns) and all(r.alias_info is not None for r in returns)
-    return views
+    returns = getattr(getattr(func, "_schema", None), "returns", None) or []
+    return bool(returns) and all(r.alias_info is not None for r in returns)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
