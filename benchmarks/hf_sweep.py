@@ -6,7 +6,11 @@ A regression sweep for the analytic engine on models it was not written against.
 (``pip install transformers``; no weights are downloaded). Types whose small config does not build
 or whose real run fails are reported as such: those are the config's, not the engine's.
 
-    python benchmarks/hf_sweep.py [--task TASK] [TYPE ...]
+    python benchmarks/hf_sweep.py [--task TASK] [--target GPU] [TYPE ...]
+
+``--target GPU`` (``h100``, any name of the package's table) runs each model instead as a CUDA step
+on that GPU would run, analytically: inference and a bf16-autocast AdamW training step. Nothing is
+compared (there is no GPU to compare with): the sweep reports what fails and what is left uncounted.
 
 Tasks: causal (the default), masked, seq2seq, sequence-classification, question-answering,
 pretraining, audio-classification, ctc, object-detection, semantic-segmentation,
@@ -179,6 +183,23 @@ def compare(model: torch.nn.Module, train: bool, task: str = "causal") -> str:
     return ", ".join(found) or "equal"
 
 
+def on_target(model: torch.nn.Module, train: bool, task: str, target: str) -> str:
+    inputs = inputs_for(model, task)
+    optimizer = torch.optim.AdamW(model.parameters()) if train else None
+    try:
+        result = profile(
+            model, inputs, train=train, device="meta", target=target, autocast=torch.bfloat16, optimizer=optimizer, loss_fn=loss
+        )
+    except Exception as error:
+        try:  # a config whose model fails on real CPU tensors too is the config's
+            profile(model, inputs, train=train, loss_fn=loss, memory=False)
+        except Exception as real:
+            return f"real run fails ({type(real).__name__})"
+        return f"FAILS {type(error).__name__}: {str(error)[:200]}"
+    uncounted = f", uncounted {sorted(result.uncounted)}" if result.uncounted else ""
+    return f"ok {result.peak_memory_bytes / 2**20:.0f} MiB{uncounted}"
+
+
 class _Timeout(Exception):
     pass
 
@@ -187,7 +208,7 @@ def _alarm(*_: Any) -> None:
     raise _Timeout
 
 
-def main(kinds: list[str], task: str = "causal") -> None:
+def main(kinds: list[str], task: str = "causal", target: str | None = None) -> None:
     import transformers
     from transformers.models.auto import modeling_auto
 
@@ -201,7 +222,10 @@ def main(kinds: list[str], task: str = "causal") -> None:
         try:
             torch.manual_seed(0)
             model = build(kind, task)
-            rows = {mode: compare(model, train, task) for mode, train in (("eval", False), ("train", True))}
+            if target:
+                rows = {mode: on_target(model, train, task, target) for mode, train in (("eval", False), ("train", True))}
+            else:
+                rows = {mode: compare(model, train, task) for mode, train in (("eval", False), ("train", True))}
         except _Timeout:
             rows = {"eval": "over 120 s", "train": ""}
         except TooLarge as error:
@@ -212,13 +236,13 @@ def main(kinds: list[str], task: str = "causal") -> None:
             signal.alarm(0)
         # what the engine gave, apart from the modes the config cannot run (a real run that fails, no build)
         verdicts = {v for v in rows.values() if v and not ("fails (" in v or "build" in v or "120" in v)}
+        if target:
+            verdicts = {"equal" if v.startswith("ok") and "uncounted" not in v else v for v in verdicts}
         key = "skipped" if not verdicts else "equal" if verdicts == {"equal"} else "differ"
         counts[key] += 1
         print(f"{kind:28s} {time.perf_counter() - start:5.1f} s | eval: {rows['eval']} | train: {rows['train']}", flush=True)
-    print(
-        f"{counts['equal']} equal (in the modes that run for real), {counts['differ']} differ or fail analytically, "
-        f"{counts['skipped']} not built or failing for real"
-    )
+    done = f"run on {target}, nothing uncounted" if target else "equal (in the modes that run for real)"
+    print(f"{counts['equal']} {done}, {counts['differ']} differ or fail analytically, {counts['skipped']} not built or failing for real")
 
 
 if __name__ == "__main__":
@@ -230,4 +254,9 @@ if __name__ == "__main__":
         del arguments[at : at + 2]
         if task not in TASKS:
             raise SystemExit(f"unknown task {task!r}: one of {', '.join(TASKS)}")
-    main(arguments, task)
+    target = None
+    if "--target" in arguments:
+        at = arguments.index("--target")
+        target = arguments[at + 1]
+        del arguments[at : at + 2]
+    main(arguments, task, target)
