@@ -39,7 +39,7 @@ def qkv(dtype, heads=8, head_dim=64, kv_heads=None):
     ("gpu", "dtype", "extra", "backend"),
     [
         ("h100", torch.bfloat16, {}, CUDNN),  # measured: torch 2.11 on an H100 runs cuDNN attention
-        ("h100", torch.bfloat16, {"dropout_p": 0.1}, CUDNN),
+        ("h100", torch.bfloat16, {"dropout_p": 0.25}, CUDNN),
         ("a100-80gb", torch.bfloat16, {}, FLASH),  # cuDNN is preferred on sm_90 only
         ("h100", torch.float32, {}, EFFICIENT),  # flash and cuDNN take half precision only
         ("a100-80gb", torch.float16, {"attn_mask": torch.empty(128, 128, device="meta")}, EFFICIENT),  # flash: no mask
@@ -50,8 +50,6 @@ def test_the_attention_backend_a_gpu_chooses(gpu, dtype, extra, backend):
 
 
 def test_the_attention_backend_follows_the_users_switches_and_limits():
-    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16, head_dim=256)) == FLASH  # beyond cuDNN's 128
-    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16, kv_heads=2), enable_gqa=True) == FLASH
     assert sdp_backend(GPUS["rtx4090"], *qkv(torch.float32, head_dim=30)) == MATH  # no kernel for that alignment
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION]):
         assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16)) == EFFICIENT
@@ -66,6 +64,48 @@ def test_the_attention_backend_follows_the_users_switches_and_limits():
         assert sdp_backend(GPUS["h100"], q, k, v) == FLASH
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_the_attention_backend_by_head_size_and_grouped_heads():
+    # cuDNN: heads up to 256 on sm_90 (cuDNN 9.23 on), multiples of 8; flash up to 256, padded to 8
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16, head_dim=256)) == CUDNN
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16, head_dim=264)) == EFFICIENT  # beyond both
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16, head_dim=36)) == FLASH  # not a multiple of 8
+    assert sdp_backend(GPUS["a100-80gb"], *qkv(torch.bfloat16, head_dim=256)) == FLASH
+    # grouped-query attention: cuDNN and flash take it when asked for, memory-efficient attention does not
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16, kv_heads=2), enable_gqa=True) == CUDNN
+    assert sdp_backend(GPUS["a100-80gb"], *qkv(torch.bfloat16, kv_heads=2), enable_gqa=True) == FLASH
+    assert sdp_backend(GPUS["a100-80gb"], *qkv(torch.float32, kv_heads=2), enable_gqa=True) == MATH
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16, kv_heads=3), enable_gqa=True) == MATH  # 8 % 3
+    # flash's backward on sm_86 and sm_89 takes no heads in (192, 224]
+    q, k, v = (t.requires_grad_() for t in qkv(torch.bfloat16, head_dim=200))
+    assert sdp_backend(GPUS["a10g"], q, k, v) == EFFICIENT
+    with torch.no_grad():
+        assert sdp_backend(GPUS["a10g"], q, k, v) == FLASH
+
+
+def test_the_attention_backend_by_mask():
+    q, k, v = qkv(torch.bfloat16)
+    mask = torch.empty(2, 1, 128, 128, dtype=torch.bfloat16, device="meta")
+    assert sdp_backend(GPUS["h100"], q, k, v, mask) == CUDNN
+    # check_attn_mask_shape: cuDNN takes masks of 2 or 4 dimensions, and none that needs a gradient
+    assert sdp_backend(GPUS["h100"], q, k, v, mask[:, 0]) == EFFICIENT
+    assert sdp_backend(GPUS["h100"], q, k, v, mask.clone().requires_grad_()) == EFFICIENT
+    # a mask whose last dimension is not contiguous: no fused kernel on the GPU
+    assert sdp_backend(GPUS["h100"], q, k, v, mask.transpose(-1, -2)) == MATH
+
+
+def test_cudnn_attention_and_dropout_by_release(monkeypatch):
+    from pytest_modelprof.engine.targets import kernels
+
+    # PyTorch 2.12 leaves cuDNN out for a dropout that is not a multiple of 1/16 (pull request 174245)
+    monkeypatch.setattr(kernels, "TORCH_RELEASE", (2, 11))
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16), dropout_p=0.1) == CUDNN
+    monkeypatch.setattr(kernels, "TORCH_RELEASE", (2, 12))
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16), dropout_p=0.1) == FLASH
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16), dropout_p=0.125) == CUDNN
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16)) == FLASH
 
 
 class Block(nn.Module):
@@ -225,23 +265,45 @@ def test_autocast_casts_a_float_attention_mask_as_on_the_gpu():
     assert result.op("aten._to_copy").calls == 3  # the input, the weight, the mask
 
 
-def test_a_trainable_attention_bias_meets_cudnn_attention_as_on_the_gpu():
-    # PyTorch runs cuDNN attention first on an H100 in bf16, and its op takes no gradient for the mask:
-    # a real step fails; the run fails alike and says how to leave cuDNN out, which it then follows
-    class RelativeBias(nn.Module):
-        def __init__(self):
+class RelativeBias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(64, 64)
+        self.bias = nn.Parameter(torch.zeros(4, 16, 16))
+
+    def forward(self, x):
+        q = self.q(x).view(2, 16, 4, 16).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=self.bias)
+
+
+def test_a_trainable_attention_bias_takes_memory_efficient_attention_as_on_the_gpu():
+    # cuDNN attention, first on an H100 in bf16, takes no mask that needs a gradient (sdp_utils.cpp's
+    # check_attn_mask_shape); flash takes no mask: the memory-efficient kernel runs, and its backward
+    # gives the bias its gradient
+    result = profile(RelativeBias(), torch.randn(2, 16, 64), train=True, target="h100", autocast=torch.bfloat16)
+    assert result.op("aten._scaled_dot_product_efficient_attention").calls == 1
+    assert result.op("aten._scaled_dot_product_efficient_attention_backward").calls == 1
+
+
+def test_memory_efficient_attention_pads_a_mask_whose_rows_are_not_aligned():
+    # attention.cpp's preprocess_mask: a mask whose strides are not multiples of 8 elements is copied into
+    # rows padded to a multiple of 8, which the kernel keeps for its backward pass
+    class Masked(nn.Module):
+        def __init__(self, row):
             super().__init__()
             self.q = nn.Linear(64, 64)
-            self.bias = nn.Parameter(torch.zeros(4, 16, 16))
+            self.register_buffer("mask", torch.zeros(2, 1, 20, row))
 
         def forward(self, x):
-            q = self.q(x).view(2, 16, 4, 16).transpose(1, 2)
-            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=self.bias)
+            q = self.q(x).view(2, 20, 4, 16).transpose(1, 2)
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=self.mask[..., :20])
 
-    args = (RelativeBias(), torch.randn(2, 16, 64))
-    with pytest.raises(ProfileError, match="leave cuDNN out"):
-        profile(*args, train=True, target="h100", autocast=torch.bfloat16)
-    backends = [torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION, torch.nn.attention.SDPBackend.MATH]
-    with torch.nn.attention.sdpa_kernel(backends):
-        result = profile(*args, train=True, target="h100", autocast=torch.bfloat16)
-    assert result.op("aten._scaled_dot_product_efficient_attention").calls == 1
+    x = torch.randn(2, 20, 64)
+    padded = profile(Masked(row=20), x, train=True, target="h100")  # fp32: memory-efficient attention
+    kept = profile(Masked(row=24), x, train=True, target="h100")  # the same mask, in rows of 24 floats
+    assert padded.op("aten.constant_pad_nd").calls == 1
+    with pytest.raises(KeyError):
+        kept.op("aten.constant_pad_nd")
+    # the padded copy (2 x 20 rows of 24 floats) is held beside the buffer's rows of 20, where the buffer
+    # of rows of 24 is used as it is; CUDA's allocator rounds each block up to 512 bytes
+    assert padded.peak_memory_bytes - kept.peak_memory_bytes == math.ceil(2 * 20 * 20 * 4 / 512) * 512

@@ -425,20 +425,8 @@ def _place(model: nn.Module, tracker: ModuleTracker | None) -> str:
 
 
 def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Exception) -> ProfileError:
-    hints = f"{unknown_value_hint(error)}{_device_hint(error)}{_attention_hint(error)}"
+    hints = f"{unknown_value_hint(error)}{_device_hint(error)}"
     return ProfileError(f"{_place(model, tracker)} raised {type(error).__name__}: {error}{hints}")
-
-
-def _attention_hint(error: Exception) -> str:
-    """What to add where cuDNN attention (PyTorch's first choice on sm_90 and sm_100 for half precision)
-    met a mask that needs a gradient, which its op does not take."""
-    if "_scaled_dot_product_cudnn_attention' is not differentiable with respect to argument 'attn_bias'" not in str(error):
-        return ""
-    return (
-        " (PyTorch runs cuDNN attention first on this GPU, and its kernel takes no gradient for the mask: a real "
-        "run fails alike; leave cuDNN out with torch.nn.attention.sdpa_kernel([...]) or "
-        "torch.backends.cuda.enable_cudnn_sdp(False), which the run follows)"
-    )
 
 
 def _device_hint(error: Exception) -> str:
