@@ -307,3 +307,22 @@ def test_memory_efficient_attention_pads_a_mask_whose_rows_are_not_aligned():
     # the padded copy (2 x 20 rows of 24 floats) is held beside the buffer's rows of 20, where the buffer
     # of rows of 24 is used as it is; CUDA's allocator rounds each block up to 512 bytes
     assert padded.peak_memory_bytes - kept.peak_memory_bytes == math.ceil(2 * 20 * 20 * 4 / 512) * 512
+
+
+def test_flash_attention_runs_heads_padded_to_a_multiple_of_8():
+    # attention.cpp pads q, k and v to a multiple of 8 for the flash kernel, scaled by the heads' own
+    # size, and slices the output back: the kernel computes on heads of 40 where the model has 36
+    class Heads36(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Linear(144, 144)
+
+        def forward(self, x):
+            q = self.q(x).view(2, 16, 4, 36).transpose(1, 2)
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2).reshape(2, 16, 144)
+
+    result = profile(Heads36(), torch.randn(2, 16, 144), target="a100", autocast=torch.bfloat16)
+    assert result.op("aten.constant_pad_nd").calls == 3
+    flash = result.op("aten._scaled_dot_product_flash_attention")
+    assert flash.calls == 1
+    assert flash.macs == 2 * 2 * 4 * 16 * 16 * 40  # scores and weighted sum, over padded heads of 40
