@@ -40,7 +40,7 @@ def qkv(dtype, heads=8, head_dim=64, kv_heads=None):
     [
         ("h100", torch.bfloat16, {}, CUDNN),  # measured: torch 2.11 on an H100 runs cuDNN attention
         ("h100", torch.bfloat16, {"dropout_p": 0.25}, CUDNN),
-        ("a100-80gb", torch.bfloat16, {}, FLASH),  # cuDNN is preferred on sm_90 only
+        ("a100-80gb", torch.bfloat16, {}, FLASH),  # cuDNN comes first on sm_90 and sm_10x only
         ("h100", torch.float32, {}, EFFICIENT),  # flash and cuDNN take half precision only
         ("a100-80gb", torch.float16, {"attn_mask": torch.empty(128, 128, device="meta")}, EFFICIENT),  # flash: no mask
     ],
