@@ -326,3 +326,16 @@ def test_flash_attention_runs_heads_padded_to_a_multiple_of_8():
     flash = result.op("aten._scaled_dot_product_flash_attention")
     assert flash.calls == 1
     assert flash.macs == 2 * 2 * 4 * 16 * 16 * 40  # scores and weighted sum, over padded heads of 40
+
+
+def test_cudnn_attention_comes_first_by_gpu_cuda_and_cudnn(monkeypatch):
+    # check_prefer_cudnn_attention: sm_9x and sm_10x from cuDNN 9.15.1; CUDA 12 builds on x.0 and x.3 only
+    blackwell = GPUSpec("b-next", 180 << 30, 8e12, {"bfloat16": 2.2e15}, 148, (10, 1))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91900)
+    assert sdp_backend(blackwell, *qkv(torch.bfloat16)) == CUDNN
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert sdp_backend(blackwell, *qkv(torch.bfloat16)) == FLASH
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16)) == CUDNN
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91400)  # older than 9.15.1
+    assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16)) == FLASH
