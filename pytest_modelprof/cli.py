@@ -45,6 +45,8 @@ DTYPES = {
     "int32": torch.int32,
 }
 
+AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
     "adam": lambda params: torch.optim.Adam(params),
@@ -55,6 +57,7 @@ EPILOG = """\
 examples:
   modelprof torchvision.models:resnet50 --input 1x3x224x224
   modelprof torchvision.models:vit_h_14 --input 1x3x518x518 --device meta --train
+  modelprof torchvision.models:vit_b_16 --input 32x3x224x224 --train --optimizer adamw --autocast bfloat16 --target h100
   modelprof my_models.py:build --input 8x128 --dtype int64 --kw vocab=32000 --depth 3 --ops
   modelprof torchvision.models:resnet18 --input 1x3x224x224 --budgets budgets --name resnet18
 
@@ -94,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--train", action="store_true", help="profile a training step: forward, sum loss, backward")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="with --train: add this optimizer's step (default hyperparameters)")
+    parser.add_argument(
+        "--autocast",
+        choices=sorted(AUTOCAST),
+        help="run the forward pass (and the loss) under torch.autocast in this precision, as mixed-precision training does",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda (cuda:N) or meta for analytic mode (default: cpu)")
     parser.add_argument(
         "--target",
@@ -365,7 +373,14 @@ def run(options: argparse.Namespace, out: TextIO) -> int:
     with progress("profiling"):
         try:
             result = profile(
-                model, inputs, train=options.train, device=device, optimizer=optimizer, latency=timing or False, target=options.target
+                model,
+                inputs,
+                train=options.train,
+                device=device,
+                optimizer=optimizer,
+                autocast=AUTOCAST[options.autocast] if options.autocast else None,
+                latency=timing or False,
+                target=options.target,
             )
         except ProfileError as error:
             raise CliError(_with_memory_hint(str(error), device)) from error

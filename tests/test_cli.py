@@ -243,6 +243,18 @@ def test_training_step_with_an_optimizer(tmp_path):
     assert "optimizer 156.54 M" in text
 
 
+def test_a_mixed_precision_step(tmp_path):
+    # torch.autocast casts a linear layer's input, weight and bias to bfloat16 in the forward pass
+    path = tmp_path / "step.json"
+    linear = ["torch.nn:Linear", "--kw", "in_features=8", "--kw", "out_features=4", "--input", "2x8", "--device", "meta"]
+    status, _ = run(*linear, "--train", "--autocast", "bfloat16", "--json", str(path))
+    assert status == 0
+    casts = [row for row in json.loads(path.read_text())["ops"] if row["op"] == "aten._to_copy" and row["phase"] == "forward"]
+    assert sum(row["calls"] for row in casts) == 3
+    status, _ = run(*linear, "--train", "--json", str(path))
+    assert not [row for row in json.loads(path.read_text())["ops"] if row["op"] == "aten._to_copy" and row["phase"] == "forward"]
+
+
 def test_latency_with_layer_times_and_a_trace(tmp_path):
     trace = tmp_path / "trace.json"
     status, text = run(*SMALL, "--latency", "--time-budget", "0.3", "--trace", str(trace), "--top", "5")
