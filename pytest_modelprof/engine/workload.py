@@ -325,7 +325,10 @@ class Run:
         except ProfileError:
             raise
         except Exception as error:
-            raise ProfileError(f"the backward pass of {type(workload.model).__name__} raised {type(error).__name__}: {error}") from error
+            hint = _mixed_precision_hint(error, workload.autocast, workload.target)
+            raise ProfileError(
+                f"the backward pass of {type(workload.model).__name__} raised {type(error).__name__}: {error}{hint}"
+            ) from error
         optimizer = self.tensors.optimizer
         if optimizer is None:
             return
@@ -427,6 +430,25 @@ def _place(model: nn.Module, tracker: ModuleTracker | None) -> str:
 def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Exception) -> ProfileError:
     hints = f"{unknown_value_hint(error)}{_device_hint(error)}"
     return ProfileError(f"{_place(model, tracker)} raised {type(error).__name__}: {error}{hints}")
+
+
+_MIXED_DTYPES = ("expected scalar type", "must have the same dtype", "expected both", "to have the same dtype")
+
+
+def _mixed_precision_hint(error: Exception, autocast: torch.dtype | None, device: torch.device) -> str:
+    """What to add where the backward pass of an autocast step met operands of two precisions: autocast
+    chose them in the forward pass, and the backward pass runs without it (as ``loss.backward()`` does
+    outside the ``torch.autocast`` block), so a custom ``autograd.Function`` that multiplies what it saved
+    with the incoming gradient fails alike in a real step."""
+    if autocast is None or not any(text in str(error) for text in _MIXED_DTYPES):
+        return ""
+    where = "; CUDA's autocast keeps more ops in float32 than the CPU's (acos, pow, exp, softmax...)" if device.type == "cuda" else ""
+    return (
+        f" (the forward pass ran under autocast, the backward pass runs without it, as loss.backward() does after the "
+        f"autocast block: an autograd.Function whose backward combines a saved tensor and the gradient of two precisions "
+        f"fails alike in a real step{where}; cast them to one dtype in its backward, or decorate it with "
+        f"torch.amp.custom_fwd/custom_bwd)"
+    )
 
 
 def _device_hint(error: Exception) -> str:
