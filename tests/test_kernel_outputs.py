@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from pytest_modelprof import profile
+from pytest_modelprof import ProfileError, profile
 from pytest_modelprof.engine.kernel_outputs import KernelOutputs, onednn_lstm_workspace_bytes
 
 aten = torch.ops.aten
@@ -283,3 +283,54 @@ def test_an_attention_output_viewed_as_an_image_is_not_copied_in_one_run_only(tr
     real, analytic = profile(model, x, train=train), profile(model, x, train=train, device="meta")
     assert [(o.op, o.calls, o.allocated_bytes) for o in analytic.ops] == [(o.op, o.calls, o.allocated_bytes) for o in real.ops]
     assert analytic.peak_memory_bytes == real.peak_memory_bytes
+
+
+@pytest.mark.parametrize(
+    "product",
+    [
+        lambda x: torch.mm(x, x.t().bfloat16()),
+        lambda x: torch.addmm(x.new_zeros(4), x, x.t().bfloat16()),
+        lambda x: torch.nn.functional.linear(x, x.bfloat16()),
+        lambda x: torch.mv(x, x[0].bfloat16()),
+    ],
+)
+def test_a_matrix_product_of_two_dtypes_is_refused_as_the_kernels_refuse_it(product):
+    # PyTorch's meta kernels of mm, addmm and mv take a float32 and a bfloat16 operand; the CPU kernels refuse them
+    class Mixed(nn.Module):
+        def forward(self, x):
+            return product(x)
+
+    x = torch.randn(4, 4)
+    with pytest.raises(RuntimeError):
+        product(x)
+    with pytest.raises(ProfileError, match="same dtype"):
+        profile(Mixed(), x, device="meta")
+
+
+def test_a_backward_pass_that_autocast_left_in_two_dtypes_fails_as_on_the_gpu():
+    # CUDA's autocast runs acos in float32 (the CPU's leaves it in bfloat16): the function saves a float32
+    # tensor, its backward pass, outside autocast, multiplies it by the bfloat16 gradient, which CUDA refuses
+    class Arc(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, v):
+            angles = torch.acos(torch.matmul(q, q.transpose(-1, -2)).clamp(-1, 1))
+            ctx.save_for_backward(angles)
+            return torch.matmul(angles, v)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (angles,) = ctx.saved_tensors
+            return None, torch.matmul(angles.transpose(-1, -2), grad)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.v = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return Arc.apply(self.q(x), self.v(x))
+
+    x = torch.randn(4, 8)
+    assert profile(Model(), x, train=True, autocast=torch.bfloat16, device="meta").flops > 0  # the CPU's autocast
+    with pytest.raises(ProfileError, match=r"backward pass of Model.*same dtype.*custom_fwd/custom_bwd"):
+        profile(Model(), x, train=True, autocast=torch.bfloat16, target="h100")

@@ -30,6 +30,10 @@ the storage and layout their kernels give them:
 - **grouped products in full precision** (``torch._grouped_mm``, the experts of a mixture of
   experts): the CPU and CUDA kernels take float32, PyTorch's meta kernel refuses it; the output
   is made here as those kernels make it.
+- **matrix products of two dtypes** (``mm``, ``addmm``, ``mv``): the CPU and CUDA kernels refuse a
+  float32 matrix times a bfloat16 one, which PyTorch's meta kernels take; the run refuses it as
+  they do (what a custom ``autograd.Function`` meets in a backward pass that autocast does not
+  cover, on CUDA, which keeps more ops in float32, more often than on the CPU).
 - **layouts**: some meta kernels lay out their output like a non-contiguous input where the
   real kernel makes it contiguous (or the other way round), and what follows then copies in
   one run and not in the other (a ``reshape`` of a transposed gradient): the normalisations'
@@ -109,6 +113,8 @@ LAYOUTS: dict[Any, tuple[str, str | None, bool]] = {
     if hasattr(aten, packet) and overload in getattr(aten, packet).overloads()
 }
 
+# the matrix products whose kernels (CPU and CUDA) take two operands of one dtype only: the operands' positions
+_ONE_DTYPE = {aten.mm.default: (0, 1), aten.addmm.default: (1, 2), aten._addmm_activation.default: (1, 2), aten.mv.default: (0, 1)}
 _GROUPED_MM = getattr(aten, "_grouped_mm", None)
 _GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
 
@@ -186,6 +192,10 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         fake = any(isinstance(a, FakeTensor) for a in args[:3])  # a number may come first (pow.Scalar)
+        if fake and func in _ONE_DTYPE:
+            first, second = (args[i] for i in _ONE_DTYPE[func])
+            if first.dtype != second.dtype:  # ATen's words (aten/src/ATen/native/LinearAlgebra.cpp, cuda/Blas.cpp)
+                raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {first.dtype} != {second.dtype}")
         if fake and func is _GROUPED_MM and args[0].dtype not in (torch.bfloat16, torch.float16):
             return _grouped_mm(*args, **kwargs)
         out = func(*args, **kwargs)
