@@ -292,10 +292,13 @@ def test_an_attention_output_viewed_as_an_image_is_not_copied_in_one_run_only(tr
         lambda x: torch.addmm(x.new_zeros(4), x, x.t().bfloat16()),
         lambda x: torch.nn.functional.linear(x, x.bfloat16()),
         lambda x: torch.mv(x, x[0].bfloat16()),
+        lambda x: torch.nn.functional.conv1d(x[None], x[:, :, None].bfloat16()),
+        lambda x: torch.nn.functional.conv1d(x[None], x[:, :, None], x[0].bfloat16()),
     ],
 )
 def test_a_matrix_product_of_two_dtypes_is_refused_as_the_kernels_refuse_it(product):
-    # PyTorch's meta kernels of mm, addmm and mv take a float32 and a bfloat16 operand; the CPU kernels refuse them
+    # PyTorch's meta kernels of mm, addmm, mv and convolution take a float32 and a bfloat16 operand; the CPU
+    # kernels refuse them
     class Mixed(nn.Module):
         def forward(self, x):
             return product(x)
@@ -303,7 +306,7 @@ def test_a_matrix_product_of_two_dtypes_is_refused_as_the_kernels_refuse_it(prod
     x = torch.randn(4, 4)
     with pytest.raises(RuntimeError):
         product(x)
-    with pytest.raises(ProfileError, match="same dtype"):
+    with pytest.raises(ProfileError, match=r"same dtype|should be the same"):
         profile(Mixed(), x, device="meta")
 
 

@@ -30,10 +30,11 @@ the storage and layout their kernels give them:
 - **grouped products in full precision** (``torch._grouped_mm``, the experts of a mixture of
   experts): the CPU and CUDA kernels take float32, PyTorch's meta kernel refuses it; the output
   is made here as those kernels make it.
-- **matrix products of two dtypes** (``mm``, ``addmm``, ``mv``): the CPU and CUDA kernels refuse a
-  float32 matrix times a bfloat16 one, which PyTorch's meta kernels take; the run refuses it as
-  they do (what a custom ``autograd.Function`` meets in a backward pass that autocast does not
-  cover, on CUDA, which keeps more ops in float32, more often than on the CPU).
+- **products of two dtypes** (``mm``, ``addmm``, ``mv``, ``convolution``): the CPU and CUDA kernels
+  refuse a float32 matrix times a bfloat16 one, and a convolution whose weight or bias is not of
+  its input's dtype, which PyTorch's meta kernels take; the run refuses them as they do (what a
+  custom ``autograd.Function`` meets in a backward pass that autocast does not cover, on CUDA,
+  which keeps more ops in float32, more often than on the CPU).
 - **layouts**: some meta kernels lay out their output like a non-contiguous input where the
   real kernel makes it contiguous (or the other way round), and what follows then copies in
   one run and not in the other (a ``reshape`` of a transposed gradient): the normalisations'
@@ -196,6 +197,10 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             first, second = (args[i] for i in _ONE_DTYPE[func])
             if first.dtype != second.dtype:  # ATen's words (aten/src/ATen/native/LinearAlgebra.cpp, cuda/Blas.cpp)
                 raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {first.dtype} != {second.dtype}")
+        if fake and func is aten.convolution.default:
+            for name, parameter in (("weight", args[1]), ("bias", args[2])):  # Convolution.cpp's check_input_same_type_as_parameters
+                if parameter is not None and parameter.dtype != args[0].dtype:
+                    raise RuntimeError(f"Input type ({args[0].dtype}) and {name} type ({parameter.dtype}) should be the same")
         if fake and func is _GROUPED_MM and args[0].dtype not in (torch.bfloat16, torch.float16):
             return _grouped_mm(*args, **kwargs)
         out = func(*args, **kwargs)

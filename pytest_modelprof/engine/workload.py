@@ -432,7 +432,7 @@ def _model_error(model: nn.Module, tracker: ModuleTracker | None, error: Excepti
     return ProfileError(f"{_place(model, tracker)} raised {type(error).__name__}: {error}{hints}")
 
 
-_MIXED_DTYPES = ("expected scalar type", "must have the same dtype", "expected both", "to have the same dtype")
+_MIXED_DTYPES = ("expected scalar type", "must have the same dtype", "expected both", "to have the same dtype", "should be the same")
 
 
 def _mixed_precision_hint(error: Exception, autocast: torch.dtype | None, device: torch.device) -> str:
