@@ -20,7 +20,6 @@ zero-shot-image-classification.
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 import warnings
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from pytest_modelprof import profile
+from benchmarks.sweeps import Timeout, compare, on_target, time_limit
 
 SMALL = {
     **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers"), 2),
@@ -161,79 +160,30 @@ def loss(output: Any) -> torch.Tensor:
     raise RuntimeError(f"no output to sum among {OUTPUTS}")
 
 
-def compare(model: torch.nn.Module, train: bool, task: str = "causal") -> str:
-    inputs = inputs_for(model, task)
-    try:  # analytic first: a model that records state as it runs (RWKV's rescaling) then runs the same path twice
-        analytic = profile(model, inputs, train=train, device="meta", loss_fn=loss)
-    except Exception as error:
-        analytic = error
-    try:
-        real = profile(model, inputs, train=train, loss_fn=loss)
-    except Exception as error:
-        return f"real run fails ({type(error).__name__})"
-    if isinstance(analytic, Exception):
-        return f"ANALYTIC RUN FAILS {type(analytic).__name__}: {str(analytic)[:200]}"
-    found = []
-    if analytic.flops != real.flops:
-        found.append(f"FLOPs {analytic.flops / real.flops:.4f}")
-    if analytic.peak_memory_bytes != real.peak_memory_bytes:
-        found.append(f"peak {analytic.peak_memory_bytes / real.peak_memory_bytes:.4f}")
-    if real.uncounted or analytic.uncounted:
-        found.append(f"uncounted {sorted({**real.uncounted, **analytic.uncounted})}")
-    return ", ".join(found) or "equal"
-
-
-def on_target(model: torch.nn.Module, train: bool, task: str, target: str) -> str:
-    inputs = inputs_for(model, task)
-    optimizer = torch.optim.AdamW(model.parameters()) if train else None
-    try:
-        result = profile(
-            model, inputs, train=train, device="meta", target=target, autocast=torch.bfloat16, optimizer=optimizer, loss_fn=loss
-        )
-    except Exception as error:
-        try:  # a config whose model fails on real CPU tensors too is the config's
-            profile(model, inputs, train=train, loss_fn=loss, memory=False)
-        except Exception as real:
-            return f"real run fails ({type(real).__name__})"
-        return f"FAILS {type(error).__name__}: {str(error)[:200]}"
-    uncounted = f", uncounted {sorted(result.uncounted)}" if result.uncounted else ""
-    return f"ok {result.peak_memory_bytes / 2**20:.0f} MiB{uncounted}"
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(*_: Any) -> None:
-    raise _Timeout
-
-
 def main(kinds: list[str], task: str = "causal", target: str | None = None) -> None:
     import transformers
     from transformers.models.auto import modeling_auto
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
-    signal.signal(signal.SIGALRM, _alarm)
     counts = {"equal": 0, "differ": 0, "skipped": 0}
     for kind in kinds or list(getattr(modeling_auto, TASKS[task][0])):
         start = time.perf_counter()
-        signal.alarm(120)
         try:
-            torch.manual_seed(0)
-            model = build(kind, task)
-            if target:
-                rows = {mode: on_target(model, train, task, target) for mode, train in (("eval", False), ("train", True))}
-            else:
-                rows = {mode: compare(model, train, task) for mode, train in (("eval", False), ("train", True))}
-        except _Timeout:
+            with time_limit(120):
+                torch.manual_seed(0)
+                model = build(kind, task)
+                inputs = inputs_for(model, task)
+                rows = {
+                    mode: on_target(model, inputs, train, target, loss) if target else compare(model, inputs, train, loss)
+                    for mode, train in (("eval", False), ("train", True))
+                }
+        except Timeout:
             rows = {"eval": "over 120 s", "train": ""}
         except TooLarge as error:
             rows = {"eval": f"small config does not build (too large: {error})", "train": ""}
         except Exception as error:
             rows = {"eval": f"small config does not build ({type(error).__name__})", "train": ""}
-        finally:
-            signal.alarm(0)
         # what the engine gave, apart from the modes the config cannot run (a real run that fails, no build)
         verdicts = {v for v in rows.values() if v and not ("fails (" in v or "build" in v or "120" in v)}
         if target:

@@ -13,18 +13,16 @@ what is left uncounted (there is no GPU here to compare with).
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from pytest_modelprof import profile
+from benchmarks.sweeps import Timeout, compare, on_target, time_limit
 
 LARGEST_SIDE = 288  # inputs at the model's own size up to this; larger ones at 224
 
@@ -66,76 +64,30 @@ def _runs_at(name: str, channels: int, side: int) -> bool:
     return True
 
 
-def compare(model: torch.nn.Module, x: torch.Tensor, train: bool) -> str:
-    try:  # analytic first: a model that records state as it runs then runs the same path twice
-        analytic = profile(model, x, train=train, device="meta")
-    except Exception as error:
-        analytic = error
-    try:
-        real = profile(model, x, train=train)
-    except Exception as error:
-        return f"real run fails ({type(error).__name__})"
-    if isinstance(analytic, Exception):
-        return f"ANALYTIC RUN FAILS {type(analytic).__name__}: {str(analytic)[:200]}"
-    found = []
-    if analytic.flops != real.flops:
-        found.append(f"FLOPs {analytic.flops / real.flops:.4f}")
-    if analytic.peak_memory_bytes != real.peak_memory_bytes:
-        found.append(f"peak {analytic.peak_memory_bytes / real.peak_memory_bytes:.4f}")
-    if real.uncounted or analytic.uncounted:
-        found.append(f"uncounted {sorted({**real.uncounted, **analytic.uncounted})}")
-    return ", ".join(found) or "equal"
-
-
-def on_target(model: torch.nn.Module, x: torch.Tensor, train: bool, target: str) -> str:
-    optimizer = torch.optim.AdamW(model.parameters()) if train else None
-    try:
-        result = profile(model, x, train=train, device="meta", target=target, autocast=torch.bfloat16, optimizer=optimizer)
-    except Exception as error:
-        try:  # a model that fails on real CPU tensors too is the model's
-            profile(model, x, train=train, memory=False)
-        except Exception as real:
-            return f"real run fails ({type(real).__name__})"
-        return f"FAILS {type(error).__name__}: {str(error)[:200]}"
-    uncounted = f", uncounted {sorted(result.uncounted)}" if result.uncounted else ""
-    return f"ok {result.peak_memory_bytes / 2**20:.0f} MiB{uncounted}"
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(*_: Any) -> None:
-    raise _Timeout
-
-
 def main(families: list[str], target: str | None) -> None:
     import timm
 
     warnings.filterwarnings("ignore")
-    signal.signal(signal.SIGALRM, _alarm)
     counts = {"good": 0, "bad": 0, "skipped": 0}
     for family in families or timm.list_modules():
         start = time.perf_counter()
-        signal.alarm(300)
         name = "-"
         try:
-            name = smallest(family) or "-"
-            if name == "-":
-                rows = {"eval": "no model builds", "train": ""}
-            else:
-                torch.manual_seed(0)
-                model, x = build(name)
-                if target:
-                    rows = {mode: on_target(model, x, train, target) for mode, train in (("eval", False), ("train", True))}
+            with time_limit(300):
+                name = smallest(family) or "-"
+                if name == "-":
+                    rows = {"eval": "no model builds", "train": ""}
                 else:
-                    rows = {mode: compare(model, x, train) for mode, train in (("eval", False), ("train", True))}
-        except _Timeout:
+                    torch.manual_seed(0)
+                    model, x = build(name)
+                    rows = {
+                        mode: on_target(model, x, train, target) if target else compare(model, x, train)
+                        for mode, train in (("eval", False), ("train", True))
+                    }
+        except Timeout:
             rows = {"eval": "over 300 s", "train": ""}
         except Exception as error:
             rows = {"eval": f"does not build ({type(error).__name__})", "train": ""}
-        finally:
-            signal.alarm(0)
         verdicts = {v for v in rows.values() if v and not ("fails (" in v or "build" in v or "300 s" in v)}
         good = {v for v in verdicts if v == "equal" or (v.startswith("ok") and "uncounted" not in v)}
         key = "skipped" if not verdicts else "good" if verdicts == good else "bad"
