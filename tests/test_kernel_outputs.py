@@ -5,6 +5,8 @@ meta kernel declares it empty. The engine's size of it is checked here against t
 workspace the CPU kernel returns, and analytic training steps against real ones.
 """
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -337,3 +339,31 @@ def test_a_backward_pass_that_autocast_left_in_two_dtypes_fails_as_on_the_gpu():
     assert profile(Model(), x, train=True, autocast=torch.bfloat16, device="meta").flops > 0  # the CPU's autocast
     with pytest.raises(ProfileError, match=r"backward pass of Model.*same dtype.*custom_fwd/custom_bwd"):
         profile(Model(), x, train=True, autocast=torch.bfloat16, target="h100")
+
+
+@pytest.mark.parametrize("norm", ["layer", "group", "batch"])
+@pytest.mark.parametrize(
+    ("input_dtype", "weight_dtype"), [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.float64)]
+)
+def test_a_normalisation_of_mixed_precision_is_taken_or_refused_as_the_cpu_kernels_do(norm, input_dtype, weight_dtype):
+    # the CPU kernels take parameters of another dtype only as float32 for a reduced-precision input
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(8, dtype=weight_dtype))
+
+        def forward(self, x):
+            if norm == "layer":
+                return torch.nn.functional.layer_norm(x, (8,), self.weight, self.weight)
+            if norm == "group":
+                return torch.nn.functional.group_norm(x.transpose(1, 2), 2, self.weight, self.weight)
+            return torch.nn.functional.batch_norm(x.transpose(1, 2), None, None, self.weight, self.weight, training=True)
+
+    x = torch.randn(2, 4, 8, dtype=input_dtype)
+    try:
+        Norm()(x)
+    except RuntimeError as error:
+        with pytest.raises(ProfileError, match=re.escape(str(error))):
+            profile(Norm(), x, device="meta")
+    else:
+        assert profile(Norm(), x, device="meta").flops == profile(Norm(), x).flops

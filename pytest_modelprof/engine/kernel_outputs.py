@@ -35,6 +35,9 @@ the storage and layout their kernels give them:
   its input's dtype, which PyTorch's meta kernels take; the run refuses them as they do (what a
   custom ``autograd.Function`` meets in a backward pass that autocast does not cover, on CUDA,
   which keeps more ops in float32, more often than on the CPU).
+- **normalisations of mixed precision on the CPU** (layer, group and batch norm): the CPU kernels take
+  parameters of another dtype than the input only as float32 for a bfloat16 or float16 input, and
+  refuse the rest (a float32 input with bfloat16 weights), which the meta kernels take; CUDA's take them.
 - **layouts**: some meta kernels lay out their output like a non-contiguous input where the
   real kernel makes it contiguous (or the other way round), and what follows then copies in
   one run and not in the other (a ``reshape`` of a transposed gradient): the normalisations'
@@ -116,6 +119,15 @@ LAYOUTS: dict[Any, tuple[str, str | None, bool]] = {
 
 # the matrix products whose kernels (CPU and CUDA) take two operands of one dtype only: the operands' positions
 _ONE_DTYPE = {aten.mm.default: (0, 1), aten.addmm.default: (1, 2), aten._addmm_activation.default: (1, 2), aten.mv.default: (0, 1)}
+# normalisations whose CPU kernels check their parameters' dtypes (aten/src/ATen/native/mixed_data_type.h):
+# the input's position, the parameters' (weight, bias, and batch norm's running statistics)
+_NORMS = {
+    aten.native_layer_norm.default: (0, (2, 3)),
+    aten.native_group_norm.default: (0, (1, 2)),
+    aten.native_batch_norm.default: (0, (1, 2, 3, 4)),
+    aten._native_batch_norm_legit.default: (0, (1, 2, 3, 4)),
+    aten._native_batch_norm_legit_no_training.default: (0, (1, 2, 3, 4)),
+}
 _GROUPED_MM = getattr(aten, "_grouped_mm", None)
 _GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
 
@@ -201,6 +213,8 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             for name, parameter in (("weight", args[1]), ("bias", args[2])):  # Convolution.cpp's check_input_same_type_as_parameters
                 if parameter is not None and parameter.dtype != args[0].dtype:
                     raise RuntimeError(f"Input type ({args[0].dtype}) and {name} type ({parameter.dtype}) should be the same")
+        if fake and func in _NORMS and args[0].device.type == "cpu":
+            _check_mixed_cpu_norm(args, *_NORMS[func])
         if fake and func is _GROUPED_MM and args[0].dtype not in (torch.bfloat16, torch.float16):
             return _grouped_mm(*args, **kwargs)
         out = func(*args, **kwargs)
@@ -235,6 +249,19 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if strides is not None and strides != tuple(out.stride()):
                 out.as_strided_(out.shape, strides, out.storage_offset())  # the same tensor, restrided
         return out
+
+
+def _check_mixed_cpu_norm(args: Any, input_at: int, parameters_at: tuple[int, ...]) -> None:
+    """The CPU kernels' ``is_mixed_type`` and ``check_mixed_data_type``: parameters of another dtype than the
+    input must all be float32, and the input bfloat16 or float16."""
+    x = args[input_at]
+    parameters = [args[i] for i in parameters_at if i < len(args) and isinstance(args[i], torch.Tensor)]
+    if all(p.dtype == x.dtype for p in parameters):
+        return
+    if any(p.dtype != torch.float32 for p in parameters):
+        raise RuntimeError("mixed dtype (CPU): expect parameter to have scalar type of Float")
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise RuntimeError("mixed dtype (CPU): all inputs must share same datatype.")
 
 
 def elementwise_strides(func: Any, args: Any, kwargs: dict[str, Any], shape: tuple[int, ...]) -> tuple[int, ...] | None:
