@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from benchmarks.sweeps import Timeout, compare, on_target, time_limit
+from benchmarks.sweeps import Timeout, compare, on_target, option, time_limit, verdict
 
 SMALL = {
     **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers"), 2),
@@ -166,7 +166,7 @@ def main(kinds: list[str], task: str = "causal", target: str | None = None) -> N
 
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
-    counts = {"equal": 0, "differ": 0, "skipped": 0}
+    counts = {"good": 0, "bad": 0, "skipped": 0}
     for kind in kinds or list(getattr(modeling_auto, TASKS[task][0])):
         start = time.perf_counter()
         try:
@@ -184,29 +184,16 @@ def main(kinds: list[str], task: str = "causal", target: str | None = None) -> N
             rows = {"eval": f"small config does not build (too large: {error})", "train": ""}
         except Exception as error:
             rows = {"eval": f"small config does not build ({type(error).__name__})", "train": ""}
-        # what the engine gave, apart from the modes the config cannot run (a real run that fails, no build)
-        verdicts = {v for v in rows.values() if v and not ("fails (" in v or "build" in v or "120" in v)}
-        if target:
-            verdicts = {"equal" if v.startswith("ok") and "uncounted" not in v else v for v in verdicts}
-        key = "skipped" if not verdicts else "equal" if verdicts == {"equal"} else "differ"
-        counts[key] += 1
+        counts[verdict(rows)] += 1
         print(f"{kind:28s} {time.perf_counter() - start:5.1f} s | eval: {rows['eval']} | train: {rows['train']}", flush=True)
     done = f"run on {target}, nothing uncounted" if target else "equal (in the modes that run for real)"
-    print(f"{counts['equal']} {done}, {counts['differ']} differ or fail analytically, {counts['skipped']} not built or failing for real")
+    print(f"{counts['good']} {done}, {counts['bad']} differ or fail analytically, {counts['skipped']} not built or failing for real")
 
 
 if __name__ == "__main__":
     arguments = sys.argv[1:]
-    task = "causal"
-    if "--task" in arguments:
-        at = arguments.index("--task")
-        task = arguments[at + 1]
-        del arguments[at : at + 2]
-        if task not in TASKS:
-            raise SystemExit(f"unknown task {task!r}: one of {', '.join(TASKS)}")
-    target = None
-    if "--target" in arguments:
-        at = arguments.index("--target")
-        target = arguments[at + 1]
-        del arguments[at : at + 2]
+    task = option(arguments, "--task") or "causal"
+    if task not in TASKS:
+        raise SystemExit(f"unknown task {task!r}: one of {', '.join(TASKS)}")
+    target = option(arguments, "--target")
     main(arguments, task, target)

@@ -53,6 +53,29 @@ def on_target(model: torch.nn.Module, inputs: Any, train: bool, target: str, los
     return f"ok {result.peak_memory_bytes / 2**20:.0f} MiB{uncounted}"
 
 
+# how a mode's line starts where it did not run for the engine to judge: the model's, not the engine's
+_NOT_RUN = ("real run fails", "over ", "small config does not build", "does not build", "no model builds")
+
+
+def verdict(rows: dict[str, str]) -> str:
+    """One model's lines by mode: "good" where every mode that ran gave equal figures (or, on a target, ran with
+    nothing uncounted), "bad" where one differs or fails analytically, "skipped" where none ran."""
+    ran = [line for line in rows.values() if line and not line.startswith(_NOT_RUN)]
+    if not ran:
+        return "skipped"
+    return "good" if all(line == "equal" or (line.startswith("ok") and "uncounted" not in line) for line in ran) else "bad"
+
+
+def option(arguments: list[str], name: str) -> str | None:
+    """The value of ``name VALUE`` among the command's ``arguments``, taken out of them; None if absent."""
+    if name not in arguments:
+        return None
+    at = arguments.index(name)
+    value = arguments[at + 1]
+    del arguments[at : at + 2]
+    return value
+
+
 class Timeout(Exception):
     """A model took longer than the sweep gives one."""
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from benchmarks.sweeps import Timeout, compare, on_target, time_limit
+from benchmarks.sweeps import Timeout, compare, on_target, option, time_limit, verdict
 
 LARGEST_SIDE = 288  # inputs at the model's own size up to this; larger ones at 224
 
@@ -88,10 +88,7 @@ def main(families: list[str], target: str | None) -> None:
             rows = {"eval": "over 300 s", "train": ""}
         except Exception as error:
             rows = {"eval": f"does not build ({type(error).__name__})", "train": ""}
-        verdicts = {v for v in rows.values() if v and not ("fails (" in v or "build" in v or "300 s" in v)}
-        good = {v for v in verdicts if v == "equal" or (v.startswith("ok") and "uncounted" not in v)}
-        key = "skipped" if not verdicts else "good" if verdicts == good else "bad"
-        counts[key] += 1
+        counts[verdict(rows)] += 1
         elapsed = time.perf_counter() - start
         print(f"{family:16s} {name:40s} {elapsed:5.1f} s | eval: {rows['eval']} | train: {rows['train']}", flush=True)
     done = f"run on {target}, nothing uncounted" if target else "equal"
@@ -102,9 +99,5 @@ def main(families: list[str], target: str | None) -> None:
 
 if __name__ == "__main__":
     arguments = sys.argv[1:]
-    chosen = None
-    if "--target" in arguments:
-        at = arguments.index("--target")
-        chosen = arguments[at + 1]
-        del arguments[at : at + 2]
-    main(arguments, chosen)
+    target = option(arguments, "--target")
+    main(arguments, target)
