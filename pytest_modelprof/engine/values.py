@@ -548,10 +548,10 @@ def _apart_from_callers(real: Any, operands: list[torch.Tensor]) -> Any:
     return tree_map(apart, real)
 
 
-# tests of finiteness, and what they give on finite numbers: each element's, or (eq/ne of a tensor with itself
-# or with a non-finite number) the comparison's
 # ops that overwrite the tensor they write, without reading it
 _OVERWRITING = frozenset({aten.copy_, aten.fill_, aten.zero_})
+# tests of finiteness, and what they give on finite numbers: each element's, or (eq/ne of a tensor with itself
+# or with a non-finite number) the comparison's
 _FINITENESS_TESTS = {aten.isinf.default: False, aten.isnan.default: False, aten.isposinf.default: False, aten.isneginf.default: False}
 _EQUALITY = {aten.eq.Tensor: True, aten.ne.Tensor: False, aten.eq.Scalar: False, aten.ne.Scalar: True}
 

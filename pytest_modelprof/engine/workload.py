@@ -444,10 +444,10 @@ def _mixed_precision_hint(error: Exception, autocast: torch.dtype | None, device
         return ""
     where = "; CUDA's autocast keeps more ops in float32 than the CPU's (acos, pow, exp, softmax...)" if device.type == "cuda" else ""
     return (
-        f" (the forward pass ran under autocast, the backward pass runs without it, as loss.backward() does after the "
-        f"autocast block: an autograd.Function whose backward combines a saved tensor and the gradient of two precisions "
+        " (the forward pass ran under autocast, the backward pass runs without it, as loss.backward() does after the "
+        "autocast block: an autograd.Function whose backward combines a saved tensor and the gradient of two precisions "
         f"fails alike in a real step{where}; cast them to one dtype in its backward, or decorate it with "
-        f"torch.amp.custom_fwd/custom_bwd)"
+        "torch.amp.custom_fwd/custom_bwd)"
     )
 
 

@@ -425,7 +425,7 @@ class CudaKernels:
         # the row log-sum-exps a backward pass needs, also for a mask that needs a gradient
         # (attention.cpp's should_compute_logsumexp)
         logsumexp = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, attn_mask))
-        if backend == MATH or backend == -1:
+        if backend in (MATH, -1):
             return self._stock(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
         # attention.cpp's scaled_dot_product_attention: a boolean mask becomes an additive one
         if attn_mask is not None and attn_mask.dtype == torch.bool:
