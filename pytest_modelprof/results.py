@@ -64,8 +64,9 @@ class MemoryReport:
     block_bytes: int = 1
     parameters: list[tuple[str, int, int]] = field(default_factory=list)  # (name, weight bytes, gradient bytes)
     # CUDA targets: labelled estimates of what allocated bytes do not show, never added to the
-    # peak (reserved_bytes, cudnn_workspace_bytes, cuda_context_bytes;
-    # None: not estimated); see pytest_modelprof.engine.targets.allocator
+    # peak (reserved_bytes, cuda_context_bytes; None: not estimated), and cudnn_workspace_bytes:
+    # the largest of cuDNN's convolution workspaces, which the peak holds (None: not known here,
+    # and missing from the peak); see pytest_modelprof.engine.targets.allocator
     estimates: dict[str, int | None] = field(default_factory=dict)
     # a real CUDA run: what the caching allocator measured over the step (start_allocated_bytes,
     # max_allocated_bytes, max_reserved_bytes; peak statistics reset at its start), beside the model

@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from benchmarks import gpu_truth
 from pytest_modelprof import GPUS, GPUSpec, ProfileError, profile
+from pytest_modelprof.engine.targets import kernels
 from pytest_modelprof.engine.targets.gpus import gpu_spec
 from pytest_modelprof.engine.targets.kernels import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
 
@@ -213,13 +214,13 @@ OPEN = {
     "lstm2x1024-s256-b32-train-fp32-adam": "peak 0.751: cuDNN's RNN workspace (250 MiB here, sized by cuDNN at run time) is not modelled",
 }
 OPEN_RESERVED = {
-    # reserved after the first step, modelled / measured; what the steady step adds
-    "vit_b_16-b32-eval-bf16": "reserved 0.772 (380 / 492 MiB after the first step): the fp32 weights converted to bf16 on the "
+    # measured with the records' cuDNN (9.19): reserved after the first step, modelled / measured
+    "vit_b_16-b32-eval-bf16": "reserved 0.768 (378 / 492 MiB after the first step): the fp32 weights converted to bf16 on the "
     "GPU before it leave cached segments",
-    "r3d_18-b8-eval-fp32": "reserved 0.810 (654 / 804 MiB after the first step, +98 / +124 MiB in the steady one): cuDNN's 3-D "
-    "convolution workspaces are not modelled",
-    "resnet18-b64-train-fp32-sgdm": "reserved 0.818 (2186 / 2678 MiB after the first step, nothing added after): cuDNN's "
-    "convolution workspaces, tried as it picks its plans in the first step, are not modelled",
+    "resnet18-b64-train-fp32-sgdm": "reserved 0.899 (2408 / 2678 MiB after the first step, nothing added after): the "
+    "segments cuDNN's workspaces leave differ from the record's",
+    "resnet50-b32-eval-fp32": "reserved 1.225 (676 / 552 MiB after the first step): the 98.1 MiB workspace cuDNN's heuristics "
+    "give a 1x1 convolution of a 98 MiB input takes a segment of its own, which the record does not show",
 }
 
 
@@ -232,7 +233,10 @@ def test_an_h100_step_from_a_cpu_only_machine(name):
     result = profile(model, inputs, target="h100", **keywords)
     record = gpu_truth.records()[name]["steady_step"]
     assert math.isclose(result.peak_memory_bytes, record["max_allocated"], rel_tol=0.03)
-    if name not in OPEN_RESERVED:
+    # the segments cuDNN's workspaces leave are those of the cuDNN that sizes them: the records' own
+    # reproduces their reserved bytes (benchmarks/memory_vs_h100.py --cudnn)
+    comparable = gpu_truth.same_cudnn() or not result.memory.estimates["cudnn_workspace_bytes"]
+    if name not in OPEN_RESERVED and comparable:
         assert math.isclose(result.memory.estimates["reserved_bytes"], record["max_reserved"], rel_tol=0.05)
 
 
@@ -332,10 +336,10 @@ def test_cudnn_attention_comes_first_by_gpu_cuda_and_cudnn(monkeypatch):
     # check_prefer_cudnn_attention: sm_9x and sm_10x from cuDNN 9.15.1; CUDA 12 builds on x.0 and x.3 only
     blackwell = GPUSpec("b-next", 180 << 30, 8e12, {"bfloat16": 2.2e15}, 148, (10, 1))
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91900)
+    monkeypatch.setattr(kernels, "_cudnn_version", lambda: 91900)
     assert sdp_backend(blackwell, *qkv(torch.bfloat16)) == CUDNN
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     assert sdp_backend(blackwell, *qkv(torch.bfloat16)) == FLASH
     assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16)) == CUDNN
-    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91400)  # older than 9.15.1
+    monkeypatch.setattr(kernels, "_cudnn_version", lambda: 91400)  # older than 9.15.1
     assert sdp_backend(GPUS["h100"], *qkv(torch.bfloat16)) == FLASH

@@ -336,7 +336,6 @@ def format_op_times(profile: Profile, top: int | None = None, human: bool = True
 
 _ESTIMATES = {
     "reserved_bytes": ("reserved", "caching allocator model, cuBLAS workspace included"),
-    "cudnn_workspace_bytes": ("cuDNN workspace", "chosen per convolution algorithm at run time"),
     "cuda_context_bytes": ("CUDA context", "driver, GPU and loaded kernels; outside the allocator"),
 }
 
@@ -368,6 +367,10 @@ def format_memory_report(profile: Profile, top_parameters: int = 10) -> str:
         for key, text in _ESTIMATES.items():
             value = memory.estimates.get(key)
             lines.append(f"    {text[0]:<22} {format_count(value, 'B') if value is not None else 'not estimated':>13}  ({text[1]})")
+        if "cudnn_workspace_bytes" in memory.estimates:
+            cudnn = memory.estimates["cudnn_workspace_bytes"]
+            held = f"{format_count(cudnn, 'B')}, in the peak above" if cudnn is not None else "not known here, missing from the peak"
+            lines.append(f"  cuDNN's largest convolution workspace: {held}")
     if memory.measured:
         lines.append(
             "  measured by the caching allocator over the step: "

@@ -45,7 +45,7 @@ from ..fake import RunTensors
 from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
 from ..targets.allocator import CUBLAS_OPS, reserved_bytes, workspace_bytes
 from ..targets.gpus import GPUSpec
-from ..targets.scratch import kernel_scratch
+from ..targets.scratch import convolution_workspaces, kernel_scratch
 from . import Meter, Op
 
 CATEGORIES = MEMORY_CATEGORIES
@@ -90,6 +90,7 @@ class MemoryMeter(Meter):
         self._host_apart = False
         self._kernels: tuple[int, tuple[int, int]] | None = None  # a CUDA step's SM count and compute capability
         self._scratches = 0
+        self._cudnn_workspace: int | None = 0  # the largest of cuDNN's convolution workspaces; None: not known
         self._marks: dict[str, int] = {}  # event indices: where the step begins, the state, first products, the optimizer
         self.measured: dict[str, int] = {}  # a real CUDA run: the caching allocator's figures for the step
         self._finalizers: list[weakref.finalize[Any, Any]] = []
@@ -114,6 +115,7 @@ class MemoryMeter(Meter):
             self.measured = {"start_allocated_bytes": torch.cuda.memory_allocated(target)}
         self._run = run
         self._target = target
+        self._cudnn_workspace = 0
         self._host_apart = target.type == "cuda"  # a CUDA step's CPU tensors are not device memory
         if self._gpu is not None:  # a CUDA target (a sharded step's CPU mesh stands for its GPUs)
             self._kernels = (self._gpu.sm_count, self._gpu.compute_capability)
@@ -166,7 +168,18 @@ class MemoryMeter(Meter):
         if not isinstance(source, torch.Tensor) or local(source) is not source or (self._host_apart and source.device.type == "cpu"):
             return  # (a DTensor's op: its kernels run on its local shards)
         assert self._kernels is not None
-        sizes = [self._rounded(size) for size in kernel_scratch(op.name, op.func, op.args, op.kwargs, op.out, *self._kernels)]
+        if self._gpu is not None:  # cuDNN's workspaces, one at a time
+            sizes = convolution_workspaces(op.name, op.func, op.args, op.kwargs, op.out, self._gpu)
+            if sizes is None:
+                self._cudnn_workspace = None
+            for size in sizes or ():
+                self._hold(op, [self._rounded(size)])
+                if self._cudnn_workspace is not None:
+                    self._cudnn_workspace = max(self._cudnn_workspace, self._rounded(size))
+        self._hold(op, [self._rounded(size) for size in kernel_scratch(op.name, op.func, op.args, op.kwargs, op.out, *self._kernels)])
+
+    def _hold(self, op: Op, sizes: list[int]) -> None:
+        """Scratch of ``sizes`` allocated together at ``op``'s moment, sampled, and freed."""
         if not sizes:
             return
         keys = []
@@ -382,7 +395,8 @@ class MemoryMeter(Meter):
     def _cuda_estimates(self, workspaces: list[int]) -> dict[str, int | None]:
         """What a CUDA process holds beyond the allocated bytes, estimated (see :mod:`..targets.allocator`)."""
         history = self._allocator_history(workspaces)
-        return {"reserved_bytes": reserved_bytes(history), "cudnn_workspace_bytes": None, "cuda_context_bytes": None}
+        cudnn = self._cudnn_workspace if self._gpu is not None else None  # a real GPU's are not modelled
+        return {"reserved_bytes": reserved_bytes(history), "cudnn_workspace_bytes": cudnn, "cuda_context_bytes": None}
 
     def _allocator_history(self, workspaces: list[int]) -> list[tuple[Any, int]]:
         """The caching allocator's requests up to the end of a steady step, as a training script

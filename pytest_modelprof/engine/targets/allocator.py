@@ -23,7 +23,11 @@ estimates say how much more, each on its own line, never added to the peak:
   ``workspace`` for a whole steady step.
 - **kernel scratch**: what a kernel allocates inside one call (a reduction's staging
   buffer) counts in allocated bytes for that moment: see :mod:`.scratch`.
-- **cuDNN workspace**: chosen per convolution algorithm at run time; not estimated.
+- **cuDNN's convolution workspaces**: what cuDNN's chosen plan needs, taken for the call and
+  freed after it, count in allocated bytes at the convolution's moment (:mod:`.cudnn`, asked of
+  the cuDNN that PyTorch loads here); ``cudnn_workspace_bytes`` is the largest of the step, or
+  ``None`` where they could not be asked here (a PyTorch without cuDNN 9.8+, benchmark mode):
+  then they are missing from the peak.
 - **CUDA context** (driver, kernels, cuBLAS/cuDNN handles): outside the allocator;
   not estimated (it depends on the driver, the GPU and which kernels load).
 """

@@ -69,6 +69,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..backward import HookGuard, in_backward
 from ..fake import input_gradient_meta, meta_kernels
+from . import cudnn
 from .gpus import GPUSpec
 from .scratch import threads_per_sm
 
@@ -114,6 +115,9 @@ def _env_true(name: str) -> bool:
 def _cudnn_version() -> int:
     """The cuDNN that PyTorch here loads (its CUDA wheels bring their own); a build without cuDNN is taken
     to run on the cuDNN of PyTorch's current CUDA wheels."""
+    library = cudnn.library()
+    if library is not None:  # the library loaded, which PyTorch's check may refuse (another build's)
+        return library.version
     try:
         version = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
     except Exception:  # a build that cannot load it

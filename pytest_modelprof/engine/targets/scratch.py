@@ -47,6 +47,10 @@ the float partial sums of the rows they pick, one row per index.
 
 **Recurrent layers** (:func:`rnn_scratch`): the layout copies and zeros ATen makes around
 cuDNN's calls. cuDNN's own RNN workspace is sized by cuDNN at run time and not included.
+
+**cuDNN's convolution workspaces** (:func:`convolution_workspaces`): one per cuDNN operation a
+convolution runs (the forward pass; the input's and the weight's gradients, one after the other),
+each held alone, as cuDNN sizes it for the target GPU (:mod:`.cudnn`).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ import torch
 
 from ..formulas import bound_arguments
 from ..kernel_outputs import REDUCED_LOSSES, reorder_dimensions
+from . import cudnn
+from .gpus import GPUSpec
 
 INT32_MAX = 2**31 - 1
 # one kernel launch's dimensions, as TensorIterator orders them: sizes, (output, input) byte
@@ -175,6 +181,21 @@ def loss_scratch(
     staging = reduction_scratch(packet, overload, (elementwise,), {}, out, sm_count, capability)
     first = out.element_size() if name == "aten.binary_cross_entropy" else elementwise.numel() * elementwise.element_size()
     return [first, *staging]
+
+
+CONVOLUTIONS = frozenset({"aten.convolution", "aten.convolution_backward"})
+
+
+def convolution_workspaces(name: str, func: Any, args: Any, kwargs: dict[str, Any], out: Any, gpu: GPUSpec) -> list[int] | None:
+    """The workspaces (bytes) that cuDNN's operations for a convolution take on ``gpu``, in the order
+    they run, each freed before the next (none where cuDNN does not run the op); ``None`` where
+    cuDNN runs it but its workspaces cannot be known here (:func:`.cudnn.workspace_bytes`)."""
+    if name not in CONVOLUTIONS:
+        return []
+    sizes = [cudnn.workspace_bytes(operation, gpu) for operation in cudnn.convolutions(name, bound_arguments(func, args, kwargs), out)]
+    if any(size is None for size in sizes):
+        return None
+    return [size for size in sizes if size]
 
 
 def convolution_bias_scratch(
