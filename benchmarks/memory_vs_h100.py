@@ -6,11 +6,20 @@ model holds after the first step (its replay of the set-up and first step, befor
 steady one) beside the record's first-step figure: where the two models part, in the
 first step or in the steady one.
 
-    python benchmarks/memory_vs_h100.py [WORKLOAD ...]
+    python benchmarks/memory_vs_h100.py [--cudnn DIRECTORY] [WORKLOAD ...]
+
+cuDNN's convolution workspaces are those of the cuDNN that sizes them. The records ran cuDNN
+9.19.0 (torch 2.11.0+cu130's pin); with ``--cudnn`` the benchmark runs again with the cuDNN
+libraries in DIRECTORY loaded in place of PyTorch's own, to compare like with like:
+
+    pip download --no-deps -d /tmp/cudnn nvidia-cudnn-cu13==9.19.0.56
+    python -m zipfile -e /tmp/cudnn/*.whl /tmp/cudnn/x
+    python benchmarks/memory_vs_h100.py --cudnn /tmp/cudnn/x/nvidia/cudnn/lib
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -19,16 +28,37 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch
+
 from benchmarks import gpu_truth
 from pytest_modelprof import profile
 from pytest_modelprof.engine.meters import memory as memory_meter
+from pytest_modelprof.engine.targets import cudnn
 from pytest_modelprof.engine.targets.allocator import reserved_bytes
 
 MiB = 1 << 20
 
 
+def with_cudnn(directory: str, arguments: list[str]) -> None:
+    """Run this benchmark again with the cuDNN in ``directory`` loaded before PyTorch's."""
+    libraries = [os.path.join(directory, name) for name in ("libcudnn.so.9", "libcudnn_graph.so.9")]
+    missing = [path for path in libraries if not os.path.exists(path)]
+    if missing:
+        raise SystemExit(f"--cudnn {directory}: no {', '.join(missing)}")
+    environment = dict(os.environ, LD_PRELOAD=":".join(libraries))
+    environment["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [directory, os.environ.get("LD_LIBRARY_PATH")]))
+    os.execve(sys.executable, [sys.executable, __file__, *arguments], environment)
+
+
 def main() -> None:
+    if "--cudnn" in sys.argv[1:-1]:
+        at = sys.argv.index("--cudnn")
+        with_cudnn(sys.argv[at + 1], sys.argv[1:at] + sys.argv[at + 2 :])
     warnings.filterwarnings("ignore")
+    try:  # PyTorch checks the cuDNN it finds against its own once, and refuses another release that once
+        torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
+    except RuntimeError:
+        pass
     if not gpu_truth.available():
         raise SystemExit("../shared/gpu-truth is not beside this checkout")
     records = gpu_truth.records()
@@ -42,6 +72,9 @@ def main() -> None:
         return history
 
     memory_meter.MemoryMeter._allocator_history = keep  # type: ignore[method-assign]
+    library = cudnn.library()
+    version = f"{library.version // 10000}.{library.version // 100 % 100}.{library.version % 100}" if library else "none"
+    print(f"cuDNN {version} sizes the convolution workspaces (the records': {gpu_truth.CUDNN // 10000}.{gpu_truth.CUDNN // 100 % 100})")
     print(f"{'workload':48s} {'peak':>6s} {'reserved':>9s}   reserved after the first step, model / record (MiB)")
     try:
         for name in names:
