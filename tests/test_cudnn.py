@@ -58,6 +58,9 @@ def test_a_convolution_is_described_to_cudnn_as_aten_describes_it():
         channels_last(128, 64, 3, 3),
         channels_last(8, 128, 28, 28),
     )
+    # ... but not in float64, which cuDNN runs in the contiguous layout
+    double = forward_operations(x.double().to(memory_format=torch.channels_last), w.double(), y.double(), stride=(2, 2))[0]
+    assert double.x == contiguous(8, 64, 56, 56, dtype=torch.float64)
     # one spatial dimension becomes two, the first of size 1 (view4d)
     (operation,) = forward_operations(meta(4, 16, 100), meta(32, 16, 5), meta(4, 32, 98), stride=(1,), padding=(0,), dilation=(1,))
     assert operation.x == contiguous(4, 16, 1, 100) and operation.w == contiguous(32, 16, 1, 5)

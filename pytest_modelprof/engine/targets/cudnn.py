@@ -377,7 +377,9 @@ def _graph(cudnn: _Library, create: Callable[[int], ctypes.c_void_p], convolutio
 
 
 def _memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
-    """``cudnn_conv_suggest_memory_format``: channels-last where the input or weight is."""
+    """``cudnn_conv_suggest_memory_format``: channels-last where the input or weight is (not for float64)."""
+    if torch.float64 in (input.dtype, weight.dtype):
+        return torch.contiguous_format
     if input.dim() == 4:
         last = torch.channels_last
     elif input.dim() == 5:
