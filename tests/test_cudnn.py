@@ -16,7 +16,7 @@ from pytest_modelprof.engine.targets.scratch import convolution_workspaces
 needs_cudnn = pytest.mark.skipif(cudnn.library() is None, reason="no cuDNN 9.8 or later loads here (a CPU-only PyTorch)")
 CONV = torch.ops.aten.convolution.default
 CONV_BACKWARD = torch.ops.aten.convolution_backward.default
-H100 = GPUS["h100"]
+H100 = cudnn.Device.of(GPUS["h100"])
 
 
 def contiguous(*sizes, dtype=torch.float32, alignment=32):
@@ -134,7 +134,7 @@ def test_cudnn_sizes_a_workspace_for_every_gpu_in_the_table(gpu):
     operation = cudnn.Convolution(
         cudnn.FORWARD, contiguous(8, 64, 56, 56), contiguous(64, 64, 3, 3), contiguous(8, 64, 56, 56), (1, 1), (1, 1), (1, 1)
     )
-    assert isinstance(cudnn.workspace_bytes(operation, GPUS[gpu]), int)
+    assert isinstance(cudnn.workspace_bytes(operation, cudnn.Device.of(GPUS[gpu])), int)
 
 
 @needs_cudnn

@@ -43,6 +43,7 @@ from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Ph
 from ..distributed import local, storage_resizes
 from ..fake import RunTensors
 from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
+from ..targets import cudnn
 from ..targets.allocator import CUBLAS_OPS, reserved_bytes, workspace_bytes
 from ..targets.gpus import GPUSpec
 from ..targets.scratch import convolution_workspaces, kernel_scratch
@@ -91,6 +92,7 @@ class MemoryMeter(Meter):
         self._kernels: tuple[int, tuple[int, int]] | None = None  # a CUDA step's SM count and compute capability
         self._scratches = 0
         self._cudnn_workspace: int | None = 0  # the largest of cuDNN's convolution workspaces; None: not known
+        self._cudnn_device: cudnn.Device | None = None  # the GPU cuDNN plans the convolutions for
         self._marks: dict[str, int] = {}  # event indices: where the step begins, the state, first products, the optimizer
         self.measured: dict[str, int] = {}  # a real CUDA run: the caching allocator's figures for the step
         self._finalizers: list[weakref.finalize[Any, Any]] = []
@@ -115,13 +117,15 @@ class MemoryMeter(Meter):
             self.measured = {"start_allocated_bytes": torch.cuda.memory_allocated(target)}
         self._run = run
         self._target = target
-        self._cudnn_workspace = 0
+        self._cudnn_workspace, self._cudnn_device = 0, None
         self._host_apart = target.type == "cuda"  # a CUDA step's CPU tensors are not device memory
         if self._gpu is not None:  # a CUDA target (a sharded step's CPU mesh stands for its GPUs)
             self._kernels = (self._gpu.sm_count, self._gpu.compute_capability)
+            self._cudnn_device = cudnn.Device.of(self._gpu)
         elif self._real_cuda:
             properties = torch.cuda.get_device_properties(target)
             self._kernels = (properties.multi_processor_count, (properties.major, properties.minor))
+            self._cudnn_device = cudnn.Device.present(target)
         self.track_all(run.params, PARAMETERS)
         self.track_all(run.buffers, BUFFERS)
         self.track_all((run.args, run.kwargs), INPUTS)
@@ -168,8 +172,8 @@ class MemoryMeter(Meter):
         if not isinstance(source, torch.Tensor) or local(source) is not source or (self._host_apart and source.device.type == "cpu"):
             return  # (a DTensor's op: its kernels run on its local shards)
         assert self._kernels is not None
-        if self._gpu is not None:  # cuDNN's workspaces, one at a time
-            sizes = convolution_workspaces(op.name, op.func, op.args, op.kwargs, op.out, self._gpu)
+        if self._cudnn_device is not None:  # cuDNN's workspaces, one at a time
+            sizes = convolution_workspaces(op.name, op.func, op.args, op.kwargs, op.out, self._cudnn_device)
             if sizes is None:
                 self._cudnn_workspace = None
             for size in sizes or ():
@@ -395,8 +399,8 @@ class MemoryMeter(Meter):
     def _cuda_estimates(self, workspaces: list[int]) -> dict[str, int | None]:
         """What a CUDA process holds beyond the allocated bytes, estimated (see :mod:`..targets.allocator`)."""
         history = self._allocator_history(workspaces)
-        cudnn = self._cudnn_workspace if self._gpu is not None else None  # a real GPU's are not modelled
-        return {"reserved_bytes": reserved_bytes(history), "cudnn_workspace_bytes": cudnn, "cuda_context_bytes": None}
+        largest = self._cudnn_workspace if self._cudnn_device is not None else None
+        return {"reserved_bytes": reserved_bytes(history), "cudnn_workspace_bytes": largest, "cuda_context_bytes": None}
 
     def _allocator_history(self, workspaces: list[int]) -> list[tuple[Any, int]]:
         """The caching allocator's requests up to the end of a steady step, as a training script

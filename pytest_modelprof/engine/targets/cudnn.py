@@ -17,10 +17,12 @@ PyTorch would run. Where no such cuDNN can be loaded (a CPU-only build of PyTorc
 9.8), or in benchmark mode (the plan is chosen by timing it), the workspace is not known and
 :func:`workspace_bytes` answers ``None``.
 
-The GPU is described by its SM count, compute capability and memory (:class:`.gpus.GPUSpec`) and
-the limits its architecture sets (shared memory, threads and blocks per SM); the heuristics were
-found insensitive to the clocks, the L2 size and the driver version. The workspaces are those of
-the cuDNN that runs here: a GPU machine with another cuDNN may choose other engines.
+The GPU is described (:class:`Device`: a target's :class:`.gpus.GPUSpec`, or on a machine with
+a GPU the device itself, for the modelled figures beside the measured ones) by its SM count,
+compute capability and memory and the limits its architecture sets (shared memory, threads and
+blocks per SM); the heuristics were found insensitive to the clocks, the L2 size and the driver
+version. The workspaces are those of the cuDNN that runs here: a GPU machine with another cuDNN
+may choose other engines.
 """
 
 from __future__ import annotations
@@ -83,6 +85,27 @@ _ARCHITECTURE = {
 
 
 @dataclass(frozen=True)
+class Device:
+    """What cuDNN is told of the GPU it plans for."""
+
+    name: str
+    memory_bytes: int
+    sm_count: int
+    capability: tuple[int, int]
+
+    @classmethod
+    def of(cls, gpu: GPUSpec) -> Device:
+        major, minor = gpu.compute_capability
+        return cls(gpu.name, gpu.memory_bytes, gpu.sm_count, (major, minor))
+
+    @classmethod
+    def present(cls, device: torch.device) -> Device:
+        """A GPU of this machine."""
+        properties = torch.cuda.get_device_properties(device)
+        return cls(properties.name, properties.total_memory, properties.multi_processor_count, (properties.major, properties.minor))
+
+
+@dataclass(frozen=True)
 class Tensor:
     """What cuDNN's descriptor of one of the operation's tensors holds."""
 
@@ -116,9 +139,9 @@ def alignment(tensor: torch.Tensor) -> int:
     return value
 
 
-def device_properties(gpu: GPUSpec) -> dict[str, Any]:
+def device_properties(gpu: Device) -> dict[str, Any]:
     """The JSON description of ``gpu`` that cuDNN's device-properties descriptor takes."""
-    major, minor = gpu.compute_capability
+    major, minor = gpu.capability
     shared, threads, blocks = _ARCHITECTURE.get((major, minor), _ARCHITECTURE[(9, 0)] if major >= 9 else _ARCHITECTURE[(8, 6)])
     return {
         "maxGridSize": [2**31 - 1, 65535, 65535],
@@ -250,7 +273,7 @@ def library() -> _Library | None:
     return None
 
 
-def workspace_bytes(convolution: Convolution, gpu: GPUSpec) -> int | None:
+def workspace_bytes(convolution: Convolution, gpu: Device) -> int | None:
     """The workspace PyTorch takes for ``convolution`` on ``gpu`` (see the module's notes); ``None``
     where it cannot be known here."""
     if library() is None or torch.backends.cudnn.benchmark:
@@ -259,13 +282,13 @@ def workspace_bytes(convolution: Convolution, gpu: GPUSpec) -> int | None:
     mode = _MODE_B if os.environ.get("TORCH_CUDNN_USE_HEURISTIC_MODE_B") else _INSTANT
     tf32 = bool(torch.backends.cudnn.allow_tf32)
     try:
-        return _workspace(convolution, _device_json(gpu), gpu.compute_capability, mode, deterministic, tf32)
+        return _workspace(convolution, _device_json(gpu), gpu.capability, mode, deterministic, tf32)
     except CudnnError:  # an operation cuDNN cannot describe or rank: its workspace is not known
         return None
 
 
 @functools.cache
-def _device_json(gpu: GPUSpec) -> str:
+def _device_json(gpu: Device) -> str:
     return json.dumps(device_properties(gpu))
 
 

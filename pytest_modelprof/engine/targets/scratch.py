@@ -63,7 +63,6 @@ import torch
 from ..formulas import bound_arguments
 from ..kernel_outputs import REDUCED_LOSSES, reorder_dimensions
 from . import cudnn
-from .gpus import GPUSpec
 
 INT32_MAX = 2**31 - 1
 # one kernel launch's dimensions, as TensorIterator orders them: sizes, (output, input) byte
@@ -186,7 +185,7 @@ def loss_scratch(
 CONVOLUTIONS = frozenset({"aten.convolution", "aten.convolution_backward"})
 
 
-def convolution_workspaces(name: str, func: Any, args: Any, kwargs: dict[str, Any], out: Any, gpu: GPUSpec) -> list[int] | None:
+def convolution_workspaces(name: str, func: Any, args: Any, kwargs: dict[str, Any], out: Any, gpu: cudnn.Device) -> list[int] | None:
     """The workspaces (bytes) that cuDNN's operations for a convolution take on ``gpu``, in the order
     they run, each freed before the next (none where cuDNN does not run the op); ``None`` where
     cuDNN runs it but its workspaces cannot be known here (:func:`.cudnn.workspace_bytes`)."""
