@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -264,7 +265,13 @@ def library() -> _Library | None:
     """The cuDNN that PyTorch here loads, if it can describe a GPU that is not present (9.8 and later)."""
     if not torch.backends.cudnn.is_available():  # type: ignore[no-untyped-call]
         return None
-    for name in ("libcudnn.so.9", "cudnn64_9.dll", "libcudnn.9.dylib"):
+    # by name first: the library PyTorch has loaded; else the one its CUDA wheels install
+    names = ["libcudnn.so.9", "cudnn64_9.dll"]
+    wheel = importlib.util.find_spec("nvidia.cudnn") if importlib.util.find_spec("nvidia") else None
+    directories = list(wheel.submodule_search_locations or []) if wheel is not None else []
+    for directory in directories:
+        names += [os.path.join(directory, "lib", "libcudnn.so.9"), os.path.join(directory, "bin", "cudnn64_9.dll")]
+    for name in names:
         try:
             loaded = _Library(ctypes.CDLL(name))
         except (OSError, AttributeError):
