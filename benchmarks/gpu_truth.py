@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from pytest_modelprof.engine.targets import cudnn
+
 TRUTH = Path(__file__).resolve().parents[2] / "shared" / "gpu-truth"
 # the cuDNN the records ran (torch 2.11.0+cu130 pins nvidia-cudnn-cu13==9.19.0.56): cuDNN's
 # convolution workspaces are those of the cuDNN that answers, so the records' reserved bytes
@@ -36,8 +38,6 @@ OPTIMIZERS: dict[str | None, Callable[[Any], torch.optim.Optimizer | None]] = {
 
 def same_cudnn() -> bool:
     """Whether the cuDNN loaded here is the records' (major and minor version)."""
-    from pytest_modelprof.engine.targets import cudnn
-
     library = cudnn.library()
     return library is not None and library.version // 100 == CUDNN // 100
 

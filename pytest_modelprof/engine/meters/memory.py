@@ -176,10 +176,10 @@ class MemoryMeter(Meter):
             sizes = convolution_workspaces(op.name, op.func, op.args, op.kwargs, op.out, self._cudnn_device)
             if sizes is None:
                 self._cudnn_workspace = None
-            for size in sizes or ():
-                self._hold(op, [self._rounded(size)])
+            for size in (self._rounded(size) for size in sizes or ()):
+                self._hold(op, [size])
                 if self._cudnn_workspace is not None:
-                    self._cudnn_workspace = max(self._cudnn_workspace, self._rounded(size))
+                    self._cudnn_workspace = max(self._cudnn_workspace, size)
         self._hold(op, [self._rounded(size) for size in kernel_scratch(op.name, op.func, op.args, op.kwargs, op.out, *self._kernels)])
 
     def _hold(self, op: Op, sizes: list[int]) -> None:

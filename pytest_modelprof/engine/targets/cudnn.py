@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for, suggest_memory_format
 
 from .gpus import GPUSpec
 
@@ -407,29 +408,15 @@ def _graph(cudnn: _Library, create: Callable[[int], ctypes.c_void_p], convolutio
 
 
 def _memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
-    """``cudnn_conv_suggest_memory_format``: channels-last where the input or weight is (not for float64)."""
-    if torch.float64 in (input.dtype, weight.dtype):
-        return torch.contiguous_format
-    if input.dim() == 4:
-        last = torch.channels_last
-    elif input.dim() == 5:
-        last = torch.channels_last_3d
-    else:
+    """``cudnn_conv_suggest_memory_format``: channels-last where the input's or the weight's
+    ``suggest_memory_format`` is (not for float64)."""
+    if torch.float64 in (input.dtype, weight.dtype) or input.dim() not in (4, 5):
         return torch.contiguous_format
     for tensor in (input, weight):
-        if not tensor.is_contiguous() and tensor.is_contiguous(memory_format=last):
-            return last
+        suggested = suggest_memory_format(tensor)
+        if suggested != torch.contiguous_format:
+            return suggested
     return torch.contiguous_format
-
-
-def _contiguous_strides(sizes: Sequence[int], channels_last: bool) -> tuple[int, ...]:
-    strides = [0] * len(sizes)
-    order = [1, *range(len(sizes) - 1, 1, -1), 0] if channels_last else list(range(len(sizes) - 1, -1, -1))
-    running = 1
-    for d in order:
-        strides[d] = running
-        running *= sizes[d]
-    return tuple(strides)
 
 
 def uses_cudnn(input: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: int) -> bool:
@@ -466,9 +453,11 @@ def convolutions(name: str, bound: dict[str, Any], out: Any) -> list[Convolution
         sizes = tuple(int(v) for v in sizes)
         if flat:
             sizes = (sizes[0], sizes[1], 1, sizes[2])
-        strides = _contiguous_strides(sizes, last)  # made contiguous in the memory format
-        kept = source is not None and not flat and source.is_contiguous(memory_format=memory_format)
-        return Tensor(sizes, strides, input.dtype, alignment(source) if kept and source is not None else 32)
+        # made contiguous in the memory format: a tensor already so keeps its storage offset
+        strides = tuple(make_channels_last_strides_for(sizes) if last else make_contiguous_strides_for(sizes))
+        if source is None or flat or not source.is_contiguous(memory_format=memory_format):
+            return Tensor(sizes, strides, input.dtype)  # a new block, aligned to 32 bytes
+        return Tensor(sizes, strides, input.dtype, alignment(source))
 
     x, w = described(input.shape, input), described(weight.shape, weight)
 
