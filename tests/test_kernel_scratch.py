@@ -471,3 +471,40 @@ def test_a_reduced_loss_computes_its_elementwise_loss_inside_the_call(loss):
     staging = scratch(torch.empty(64 * 4096, device="meta"), [0])
     assert on_gpu(func, (x, target), {"reduction": 1}, out) == [elementwise, *staging]
     assert on_gpu(func, (x, target), {"reduction": 0}, torch.empty(64, 4096, device="meta")) == []
+
+
+CUDNN_BACKWARD = torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default
+
+
+def cudnn_backward(batch, heads, sequence, head, kv_heads=None):
+    """What SDPA's cuDNN backward takes beside its gradients, for bf16 q of (batch, heads, sequence, head)."""
+
+    def tensor(h):
+        return torch.empty(batch, h, sequence, head, dtype=torch.bfloat16, device="meta")
+
+    q, k = tensor(heads), tensor(kv_heads or heads)
+    stats = torch.empty(batch, heads, sequence, 1, device="meta")
+    empty = torch.empty(0, device="meta")
+    args = (tensor(heads), q, k, k, tensor(heads), stats, empty, empty, empty, empty, empty, sequence, sequence, 0.0, False)
+    return on_gpu(CUDNN_BACKWARD, args)
+
+
+def test_cudnn_attention_backward_keeps_the_frontends_float_tensors_in_its_workspace():
+    # the cuDNN frontend's SDPA backward node: the row sums of dO * O, a float per query row and
+    # head, and the query gradient's float accumulator, a float per element of the query; one workspace
+    assert cudnn_backward(2, 16, 1000, 64) == [2 * 16 * 1000 * 4 + 2 * 16 * 1000 * 64 * 4]
+    # grouped-query attention: both are the query's (the keys' and values' gradients need no
+    # full-head copy outside packed layouts)
+    assert cudnn_backward(1, 32, 2048, 128, kv_heads=8) == [32 * 2048 * 4 * (1 + 128)]
+
+
+def test_an_h100_training_step_holds_cudnn_attention_backward_accumulators(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    with torch.device("meta"):
+        model = Attention(causal=True)
+    x = torch.empty(4, 1000, 512, device="meta")
+    memory = profile(model, x, train=True, target="h100", autocast=torch.bfloat16).memory
+    # bf16 heads of 64 on sm_90 run cuDNN attention; at its backward: the cuBLAS workspaces (32 MiB
+    # per thread on Hopper, no addmm) and the frontend's softmax_sum and dQ_accum
+    assert memory.category_max["workspace"] == 2 * 32 * MiB + 4 * 8 * 1000 * 4 + 4 * 8 * 1000 * 64 * 4

@@ -132,8 +132,10 @@ def test_a_training_step_on_a_target_gpu_runs_as_cuda_would_without_one():
     memory = result.memory
     assert memory.block_bytes == 512
     # cuBLAS's 32 MiB on sm_90 for the step's thread and for the autograd engine's, and cuBLASLt's 1 MiB
-    # for the forward's addmm: 65 MiB, as measured before a steady H100 training step
-    assert memory.peak_breakdown["workspace"] == 65 * MiB
+    # for the forward's addmm: 65 MiB, as measured before a steady H100 training step; the peak is
+    # the attention's backward, whose cuDNN workspace holds a float row sum and a float query
+    # gradient per query row and head (4 x 4 heads x 128 rows, heads of 64)
+    assert memory.peak_breakdown["workspace"] == 65 * MiB + 4 * 4 * 128 * 4 * (1 + 64)
     assert memory.peak_breakdown["gradients"] <= sum(p.numel() * 4 for p in model.parameters())
     # the same step on CPU runs other kernels: attention as separate matmuls and softmax
     cpu = profile(model, x, train=True, autocast=torch.bfloat16, device="meta")

@@ -25,6 +25,9 @@ The bias gradient of a convolution is such a reduction, made inside ``convolutio
 
 **FlashAttention-2's backward** (:func:`flash_backward_scratch`): its float accumulators.
 
+**cuDNN attention's backward** (:func:`cudnn_attention_backward_scratch`): the part of its
+workspace that the cuDNN frontend lays out, its float accumulators.
+
 **Memory-efficient attention** (:func:`efficient_attention_scratch`, the CUTLASS kernels SDPA runs
 for fp32, or for half precision with a mask): the backward pass's row sums of ``dO * O`` (for
 fp32, computed by ATen ops whose temporaries live to the end of their statement) and the
@@ -143,6 +146,8 @@ def kernel_scratch(
         return convolution_bias_scratch(func, args, kwargs, out, sm_count, capability)
     if name in FLASH_BACKWARD:
         return flash_backward_scratch(name, func, args, kwargs, sm_count)
+    if name in CUDNN_ATTENTION_BACKWARD:
+        return cudnn_attention_backward_scratch(func, args, kwargs)
     if name in EFFICIENT_FORWARD or name in EFFICIENT_BACKWARD:
         return efficient_attention_scratch(name, func, args, kwargs, capability)
     if name == "aten.embedding_dense_backward":
@@ -249,6 +254,29 @@ def flash_backward_scratch(name: str, func: Any, args: Any, kwargs: dict[str, An
         accumulators *= -(-sm_count // (batch * heads))
     expanded = [keys * heads * head * query.element_size()] * 2 if key.shape[-2] != heads else []
     return [size for size in (*copies, softmax_d, accumulators, *expanded) if size]
+
+
+# cuDNN attention's backward as ATen calls it: SDPA's op, and the op it runs
+CUDNN_ATTENTION_BACKWARD = frozenset({"aten._scaled_dot_product_cudnn_attention_backward", "aten._cudnn_attention_backward"})
+
+
+def cudnn_attention_backward_scratch(func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
+    """The workspace cuDNN attention's backward takes, as far as the cuDNN frontend sizes it
+    (cudnn/MHA.cpp's ``run_cudnn_SDP_bprop`` allocates ``mha_graph.get_workspace_size()`` through
+    the caching allocator: the execution plan's workspace plus the frontend's). The frontend's
+    SDPA backward node keeps two float tensors in the workspace (``get_fe_workspace_size_node``):
+    the row sums of ``dO * O`` (``softmax_sum``, one per query row and head) and the query
+    gradient's accumulator (``dQ_accum``, batch x query heads x query rows x head size), which
+    it leaves out only for a gradient of the bias or a deterministic algorithm, neither of which
+    PyTorch asks for. What the execution plan itself needs is cuDNN's answer on the device and
+    is not included."""
+    bound = bound_arguments(func, args, kwargs)
+    query = bound.get("query")
+    if not isinstance(query, torch.Tensor) or query.dim() != 4:  # packed sequences: laid out otherwise
+        return []
+    batch, heads, rows, head = query.shape
+    sums = batch * heads * rows * 4
+    return [sums + sums * head] if sums else []
 
 
 # memory-efficient attention as ATen calls it: heads before the sequence, as SDPA's ops take them
