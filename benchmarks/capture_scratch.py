@@ -15,7 +15,7 @@ segment from the model's set-up on (``torch.cuda.memory._record_memory_history``
 prints, per workload, the ops whose scratch the engine misses or overstates by more than 1 MiB.
 Beside the gpu-truth workloads, ``PROBES``: small steps that each exercise one kind of kernel
 scratch over several shapes (cuDNN's RNN workspace by hidden size, sequence, batch, layers and
-cell; cuDNN convolution workspaces; memory-efficient attention; embedding and layer-norm
+cell; cuDNN convolution workspaces; memory-efficient and cuDNN attention; embedding and layer-norm
 backward passes), so that one GPU session measures what the engine's models need.
 """
 
@@ -138,6 +138,9 @@ PROBES: dict[str, tuple[Any, ...]] = {
     "probe-attention-fp32": _spec(lambda: _Attention(512, 8, False), (4, 1000, 512)),
     "probe-attention-masked-autocast_bf16": _spec(lambda: _Attention(512, 8, True), (4, 1000, 512), torch.bfloat16),
     "probe-attention-head128-fp32": _spec(lambda: _Attention(1024, 8, False), (2, 777, 1024)),
+    # bf16 without a mask: cuDNN attention on an H100 (its backward's plan workspace, beyond the frontend's)
+    "probe-attention-autocast_bf16": _spec(lambda: _Attention(512, 8, False), (4, 1000, 512), torch.bfloat16),
+    "probe-attention-head128-autocast_bf16": _spec(lambda: _Attention(1024, 8, False), (2, 777, 1024), torch.bfloat16),
     "probe-embedding-8192": (
         lambda: torch.nn.Embedding(50000, 768),
         lambda dev, dt: torch.randint(0, 50000, (16, 512), device=dev),
