@@ -285,13 +285,18 @@ class Attention(nn.Module):
         return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal).transpose(1, 2).reshape(b, t, c)
 
 
-def test_an_a100_training_step_holds_flash_attention_backward_accumulators(monkeypatch):
+def attention_step(monkeypatch, target):
+    """The memory of a bf16-autocast training step of causal ``Attention`` over 4 x 1000 tokens on ``target``."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
     with torch.device("meta"):
         model = Attention(causal=True)
     x = torch.empty(4, 1000, 512, device="meta")
-    memory = profile(model, x, train=True, target="a100-80gb", autocast=torch.bfloat16).memory
+    return profile(model, x, train=True, target=target, autocast=torch.bfloat16).memory
+
+
+def test_an_a100_training_step_holds_flash_attention_backward_accumulators(monkeypatch):
+    memory = attention_step(monkeypatch, "a100-80gb")
     # at the attention's backward: the cuBLAS workspaces (8 MiB + 128 KiB per thread before Hopper,
     # and cuBLASLt's 1 MiB for no addmm: none here) and FlashAttention's softmax_d and dq_accum
     cublas = 2 * (8 * MiB + 128 * 1024)
@@ -499,12 +504,7 @@ def test_cudnn_attention_backward_keeps_the_frontends_float_tensors_in_its_works
 
 
 def test_an_h100_training_step_holds_cudnn_attention_backward_accumulators(monkeypatch):
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
-    with torch.device("meta"):
-        model = Attention(causal=True)
-    x = torch.empty(4, 1000, 512, device="meta")
-    memory = profile(model, x, train=True, target="h100", autocast=torch.bfloat16).memory
+    memory = attention_step(monkeypatch, "h100")
     # bf16 heads of 64 on sm_90 run cuDNN attention; at its backward: the cuBLAS workspaces (32 MiB
     # per thread on Hopper, no addmm) and the frontend's softmax_sum and dQ_accum
     assert memory.category_max["workspace"] == 2 * 32 * MiB + 4 * 8 * 1000 * 4 + 4 * 8 * 1000 * 64 * 4
