@@ -39,6 +39,11 @@ from pytest_modelprof.engine.targets.allocator import reserved_bytes
 MiB = 1 << 20
 
 
+def dotted(version: int) -> str:
+    """cuDNN's version number (major x 10000 + minor x 100 + patch) as it is written: 9.19.0."""
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
 def with_cudnn(directory: str, arguments: list[str]) -> None:
     """Run this benchmark again with the cuDNN in ``directory`` loaded before PyTorch's."""
     libraries = [os.path.join(directory, name) for name in ("libcudnn.so.9", "libcudnn_graph.so.9")]
@@ -73,8 +78,8 @@ def main() -> None:
 
     memory_meter.MemoryMeter._allocator_history = keep  # type: ignore[method-assign]
     library = cudnn.library()
-    version = f"{library.version // 10000}.{library.version // 100 % 100}.{library.version % 100}" if library else "none"
-    print(f"cuDNN {version} sizes the convolution workspaces (the records': {gpu_truth.CUDNN // 10000}.{gpu_truth.CUDNN // 100 % 100})")
+    version = dotted(library.version) if library else "none"
+    print(f"cuDNN {version} sizes the convolution workspaces (the records': {dotted(gpu_truth.CUDNN)})")
     print(f"{'workload':48s} {'peak':>6s} {'reserved':>9s}   reserved after the first step, model / record (MiB)")
     try:
         for name in names:

@@ -40,6 +40,12 @@ def meta(*sizes, dtype=torch.float32):
     return torch.empty(*sizes, dtype=dtype, device="meta")
 
 
+# a 3x3 convolution of 8 x 64 x 56 x 56 float32, padded to keep its size
+CONV3X3 = cudnn.Convolution(
+    cudnn.FORWARD, contiguous(8, 64, 56, 56), contiguous(64, 64, 3, 3), contiguous(8, 64, 56, 56), (1, 1), (1, 1), (1, 1)
+)
+
+
 def forward_operations(input, weight, out, stride=(1, 1), padding=(1, 1), dilation=(1, 1), transposed=False, groups=1):
     args = (input, weight, None, list(stride), list(padding), list(dilation), transposed, [0] * len(stride), groups)
     return cudnn.convolutions("aten.convolution", bound_arguments(CONV, args, {}), out)
@@ -131,29 +137,20 @@ def test_the_errata_pytorch_applies_pass_over_engines():
 @needs_cudnn
 @pytest.mark.parametrize("gpu", sorted(GPUS))
 def test_cudnn_sizes_a_workspace_for_every_gpu_in_the_table(gpu):
-    operation = cudnn.Convolution(
-        cudnn.FORWARD, contiguous(8, 64, 56, 56), contiguous(64, 64, 3, 3), contiguous(8, 64, 56, 56), (1, 1), (1, 1), (1, 1)
-    )
-    assert isinstance(cudnn.workspace_bytes(operation, cudnn.Device.of(GPUS[gpu])), int)
+    assert isinstance(cudnn.workspace_bytes(CONV3X3, cudnn.Device.of(GPUS[gpu])), int)
 
 
 @needs_cudnn
 def test_no_workspace_is_known_when_cudnn_times_its_plans(monkeypatch):
-    operation = cudnn.Convolution(
-        cudnn.FORWARD, contiguous(8, 64, 56, 56), contiguous(64, 64, 3, 3), contiguous(8, 64, 56, 56), (1, 1), (1, 1), (1, 1)
-    )
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    assert cudnn.workspace_bytes(operation, H100) is None
+    assert cudnn.workspace_bytes(CONV3X3, H100) is None
 
 
 @needs_cudnn
 def test_an_inference_convolution_holds_its_workspace_beside_its_input_and_output():
     with torch.device("meta"):
         model = nn.Conv2d(64, 64, 3, padding=1)
-    operation = cudnn.Convolution(
-        cudnn.FORWARD, contiguous(8, 64, 56, 56), contiguous(64, 64, 3, 3), contiguous(8, 64, 56, 56), (1, 1), (1, 1), (1, 1)
-    )
-    workspace = cudnn.workspace_bytes(operation, H100)
+    workspace = cudnn.workspace_bytes(CONV3X3, H100)
     assert workspace  # TF32 tensor-core engines take one for this shape
     result = profile(model, meta(8, 64, 56, 56), target="h100")
     # the weight, the bias (a 512-byte block), the input and the output, and cuDNN's workspace
@@ -176,7 +173,7 @@ def test_a_training_convolution_holds_each_gradients_workspace_on_its_own(monkey
     monkeypatch.setattr(memory_meter.MemoryMeter, "_hold", hold)
     with torch.device("meta"):
         model = nn.Conv2d(32, 64, 3, padding=1, bias=False)
-    profile(model, meta(8, 32, 28, 28, dtype=torch.float32).requires_grad_(False), target="h100", train=True)
+    profile(model, meta(8, 32, 28, 28), target="h100", train=True)
     dx, dw, dy = contiguous(8, 32, 28, 28), contiguous(64, 32, 3, 3), contiguous(8, 64, 28, 28)
     expected = [cudnn.workspace_bytes(cudnn.Convolution(cudnn.BACKWARD_FILTER, dx, dw, dy, (1, 1), (1, 1), (1, 1)), H100)]
     # the input needs no gradient: the weight's operation alone, its workspace held alone

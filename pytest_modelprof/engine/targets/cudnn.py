@@ -246,13 +246,15 @@ class _Library:
 
     def get_int64(self, descriptor: ctypes.c_void_p, name: int) -> int:
         value, found = ctypes.c_int64(), ctypes.c_int64()
-        self.check(self.lib.cudnnBackendGetAttribute(descriptor, name, 3, 1, ctypes.byref(found), ctypes.byref(value)), f"attribute {name}")
+        status = self.lib.cudnnBackendGetAttribute(descriptor, name, _TYPES["int64"], 1, ctypes.byref(found), ctypes.byref(value))
+        self.check(status, f"attribute {name}")
         return value.value
 
     def get_descriptors(self, descriptor: ctypes.c_void_p, name: int, into: list[ctypes.c_void_p]) -> int:
         array = (ctypes.c_void_p * len(into))(*[d.value for d in into])
         found = ctypes.c_int64()
-        self.check(self.lib.cudnnBackendGetAttribute(descriptor, name, 15, len(into), ctypes.byref(found), array), f"attribute {name}")
+        status = self.lib.cudnnBackendGetAttribute(descriptor, name, _TYPES["descriptor"], len(into), ctypes.byref(found), array)
+        self.check(status, f"attribute {name}")
         return found.value
 
     def get_enums(self, descriptor: ctypes.c_void_p, name: int, kind: int) -> list[int]:
@@ -320,7 +322,7 @@ def _workspace(
             cudnn.set(heuristics, _HEUR_MODE, _TYPE_HEUR_MODE, [source])
             cudnn.set(heuristics, _HEUR_DEVICEPROP, "descriptor", [properties])
             cudnn.finalize(heuristics, "heuristics")
-            configs = [create(_ENGINECFG) for _ in range(cudnn.count(heuristics, _HEUR_RESULTS, 15))]
+            configs = [create(_ENGINECFG) for _ in range(cudnn.count(heuristics, _HEUR_RESULTS, _TYPES["descriptor"]))]
             found = cudnn.get_descriptors(heuristics, _HEUR_RESULTS, configs) if configs else 0
             for config in configs[:found]:
                 engine = create(_ENGINE)
