@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
+from torch._subclasses import fake_tensor
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
 from .backward import HookGuard, SavedTensors, run_backward
@@ -451,10 +452,19 @@ def _mixed_precision_hint(error: Exception, autocast: torch.dtype | None, device
     )
 
 
+def _device_mismatch(error: Exception) -> bool:
+    """Whether fake tensors refused an op over two devices: a ``FakeTensorDeviceMismatchError`` where PyTorch
+    has it, before that (PyTorch 2.11) a ``RuntimeError`` that says so."""
+    mismatch = getattr(fake_tensor, "FakeTensorDeviceMismatchError", None)
+    if mismatch is not None:
+        return isinstance(error, mismatch)
+    return isinstance(error, RuntimeError) and "found two different devices" in str(error)
+
+
 def _device_hint(error: Exception) -> str:
     """What to add where a CUDA-target run met a CPU tensor: as on the GPU itself, a tensor the model makes
     without ``device=`` is on the CPU."""
-    if not isinstance(error, FakeTensorDeviceMismatchError) or "cuda" not in str(error):
+    if not _device_mismatch(error) or "cuda" not in str(error):
         return ""
     return (
         " (on a CUDA target the inputs and weights are on the GPU, as in a real CUDA run, which fails alike: "
