@@ -9,6 +9,8 @@ measured on real tensors apart from the counting meters.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -104,8 +106,8 @@ def layer_times(
         activities.append(ProfilerActivity.CUDA)
     tracker = ModuleTracker(named_modules)
     # one profiled call more, whose events are dropped: the profiler's own start-up lands in
-    # it (a warm-up schedule would restart the profiler, which torch >= 2.11 warns about)
-    with torch_profile(activities=activities) as profiler:
+    # it (a warm-up schedule would restart the profiler, a second cycle)
+    with one_cycle_profile(activities=activities) as profiler:
         with tracker, _Labels(tracker):
             for _ in range(calls + 1):
                 with torch.autograd.profiler.record_function(_CALL):
@@ -114,7 +116,20 @@ def layer_times(
                     torch.cuda.synchronize(device)
     if trace is not None:
         profiler.export_chrome_trace(str(trace))
-    return _attribute(profiler.events(), tracker, calls)
+    return _attribute(profiler.events(), tracker, calls)  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def one_cycle_profile(**options: Any) -> Iterator[torch_profile]:
+    """:class:`torch.profiler.profile` for one cycle (no schedule). PyTorch 2.11 warns as every profiler
+    starts that a cycle's events are cleared at its end (later releases warn only as a second cycle
+    starts): with one cycle no event is lost, and the warning must not fail a user's run under
+    ``-W error``."""
+    with contextlib.ExitStack() as stack:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Warning: Profiler clears events", UserWarning)
+            profiler = stack.enter_context(torch_profile(**options))
+        yield profiler
 
 
 def _attribute(events: Any, tracker: ModuleTracker, calls: int) -> LayerTimes:

@@ -387,7 +387,8 @@ def training_step(
 def measure_probe(probe: Probe, device: torch.device, steps: int = 20) -> dict[str, Any]:
     """Run ``probe`` on the GPU ``device``: its record (see the module's notes)."""
     from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+
+    from ..layers import one_cycle_profile
 
     torch.manual_seed(0)
     model, inputs, keywords = probe.build(device)
@@ -403,7 +404,7 @@ def measure_probe(probe: Probe, device: torch.device, steps: int = 20) -> dict[s
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as recorded:
+    with one_cycle_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as recorded:
         step()
         torch.cuda.synchronize(device)
     ops = []
