@@ -12,8 +12,9 @@ the storage and layout their kernels give them:
   the backward pass, ``pd.workspace_desc().get_size()`` bytes
   (aten/src/ATen/native/mkldnn/RNN.cpp). PyTorch's meta kernel returns an empty one. Its
   size is :func:`onednn_lstm_workspace_bytes`. Its backward (``mkldnn_rnn_layer_backward``)
-  returns the two bias gradients as two tensors; PyTorch's meta kernel returns one tensor
-  twice, which autograd then copies.
+  returns the two bias gradients as two tensors, where PyTorch's meta kernel returns one tensor
+  twice, which autograd then copies; and every gradient in float32, also for bfloat16 (which
+  autograd then casts), where PyTorch 2.11's meta kernel gives them the input's dtype.
 - **im2col and col2im** (``F.unfold``, ``F.fold``; CPU and CUDA, aten/src/ATen/native/Im2Col.cpp,
   Col2Im.cpp and their cuda/ versions): the output is made ``empty_like`` the input and then
   resized, so it keeps the input's storage where that is the larger: a fold of overlapping
@@ -196,6 +197,16 @@ def onednn_lstm_workspace_bytes(seq: int, batch: int, input_size: int, hidden: i
     return sum(-(-part // PAGE) * PAGE for part in parts)
 
 
+def _onednn_lstm_gradients(out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``mkldnn_rnn_layer_backward``'s gradients as the CPU kernel returns them: each its own tensor, in float32."""
+    made: list[torch.Tensor] = []
+    for grad in out:
+        if grad.dtype != torch.float32 or any(grad is other for other in out[: len(made)]):
+            grad = torch.empty_like(grad, dtype=torch.float32)
+        made.append(grad)
+    return tuple(made)
+
+
 class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Gives the outputs the module's notes list the storage and layout their kernels give them (fake tensors only)."""
 
@@ -227,8 +238,8 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             seq, batch, width = x.shape
             size = onednn_lstm_workspace_bytes(seq, batch, width, bound["hidden_size"], x.element_size(), cx.element_size())
             out = (*out[:3], x.new_empty(size, dtype=torch.uint8))
-        elif func is aten.mkldnn_rnn_layer_backward.default and out[3] is out[4]:
-            out = (*out[:4], torch.empty_like(out[3]), *out[5:])
+        elif func is aten.mkldnn_rnn_layer_backward.default:
+            out = _onednn_lstm_gradients(out)
         elif func in (aten.im2col.default, aten.col2im.default):
             made = torch.empty_like(args[0], memory_format=torch.contiguous_format)
             out = made.resize_(out.shape)  # as the kernel: the input's storage, shrunk or grown to the output
