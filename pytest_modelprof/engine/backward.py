@@ -36,11 +36,12 @@ an analytic CUDA profile is the same on every machine.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ from torch.overrides import TorchFunctionMode
 from .errors import ProfileError
 
 _peek_sequence_nr = torch.autograd._get_sequence_nr  # type: ignore[attr-defined]
+_autograd: Any = torch._C._autograd
 _current_graph_task_id = torch._C._current_graph_task_id
 _current_autograd_node = torch._C._current_autograd_node
 _COPY_SLICES = "torch::autograd::CopySlices"
@@ -74,12 +76,39 @@ def current_node() -> Any:
 
 class _Holder:
     """One saved tensor, as autograd keeps it (the packed object): it lives as long as the node
-    that saved it, and :meth:`SavedTensors.release` empties it once that node has run."""
+    that saved it, and :meth:`SavedTensors.release` empties it once that node has run. For a hook
+    pair pushed over the run's own, ``tensor`` is what that pair packed and ``unpack`` its unpack hook."""
 
-    __slots__ = ("__weakref__", "tensor")
+    __slots__ = ("__weakref__", "tensor", "unpack")
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor: torch.Tensor | None = tensor
+    def __init__(self, tensor: Any, unpack: Callable[[Any], torch.Tensor] | None = None) -> None:
+        self.tensor: Any = tensor
+        self.unpack = unpack
+
+
+class _NestedPack:
+    """The pack hook of a pair pushed over the run's own: the pair's packed object goes into a holder
+    of the node that saved it, with the pair's unpack hook. Each saved tensor keeps the pack hook it
+    was packed by (autograd's ``SavedVariable``, until the node's release); this one lets go of the
+    pair's as the pair leaves the stack (:meth:`close`), so that what the pair's hooks hold is held
+    by the holders alone. Attributes are the pair's pack hook's (activation checkpointing reads its
+    markers off the hooks on the stack)."""
+
+    def __init__(self, saved: SavedTensors, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> None:
+        self._saved: SavedTensors | None = saved
+        self._pack: Callable[[torch.Tensor], Any] | None = pack
+        self._unpack: Callable[[Any], torch.Tensor] | None = unpack
+
+    def __call__(self, tensor: torch.Tensor) -> _Holder:
+        assert self._saved is not None and self._pack is not None, "a saved-tensor hook called off the stack"
+        owner = self._saved.owner(tensor)  # before the pair's hook runs ops of its own
+        return self._saved.hold(owner, _Holder(self._pack(tensor), self._unpack))
+
+    def close(self) -> None:
+        self._saved = self._pack = self._unpack = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pack, name)
 
 
 class SavedTensors:
@@ -101,6 +130,12 @@ class SavedTensors:
 
     The holders are followed weakly: what a node that dies unrun saved (a branch whose output
     the step drops) is freed with it, as autograd frees it.
+
+    Saved-tensor hooks pushed over the run's own while it runs (non-reentrant activation
+    checkpointing's, ``save_on_cpu``, a user's) pack for the nodes made under them; the engine's
+    release of a node drops what they packed and their unpack hook (a checkpoint's hooks hold its
+    frame, which holds the inputs it recomputes from). :meth:`nested` holds what they pack in the
+    same holders, so that the release here drops it alike.
     """
 
     def __init__(self) -> None:
@@ -108,8 +143,11 @@ class SavedTensors:
         self._clones: set[int] = set()  # the numbers of the nodes of in-place ops' clones
 
     def pack(self, tensor: torch.Tensor) -> _Holder:
-        holder = _Holder(tensor)
-        owner = _peek_sequence_nr() - 1
+        return self.hold(self.owner(tensor), _Holder(tensor))
+
+    def owner(self, tensor: torch.Tensor) -> int:
+        """The sequence number of the node that is saving ``tensor`` (see the class's notes)."""
+        owner: int = _peek_sequence_nr() - 1
         made_by = tensor.grad_fn
         if made_by is not None and made_by._sequence_nr() == owner:
             if made_by.name() == "CloneBackward0":  # an in-place op's clone of its input's old value
@@ -119,6 +157,9 @@ class SavedTensors:
                 base = tensor._base.grad_fn
                 if base is not None and base.name() == _COPY_SLICES:  # the output of an in-place op on a view
                     owner = base._sequence_nr()
+        return owner
+
+    def hold(self, owner: int, holder: _Holder) -> _Holder:
         self._by_node.setdefault(owner, []).append(weakref.ref(holder))
         return holder
 
@@ -126,7 +167,31 @@ class SavedTensors:
     def unpack(holder: _Holder) -> torch.Tensor:
         if holder.tensor is None:
             raise RuntimeError("Trying to backward through the graph a second time: its saved tensors have been freed")
-        return holder.tensor
+        if holder.unpack is not None:
+            return holder.unpack(holder.tensor)
+        tensor: torch.Tensor = holder.tensor
+        return tensor
+
+    @contextlib.contextmanager
+    def nested(self) -> Iterator[None]:
+        """Hook pairs pushed while this is entered (over the run's own) pack into holders of their node."""
+        stock_push, stock_pop = _autograd._push_saved_tensors_default_hooks, _autograd._pop_saved_tensors_default_hooks
+        pushed: list[_NestedPack] = []
+
+        def push(pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> None:
+            pushed.append(_NestedPack(self, pack, unpack))
+            stock_push(pushed[-1], SavedTensors.unpack)
+
+        def pop() -> None:
+            stock_pop()
+            if pushed:
+                pushed.pop().close()
+
+        _autograd._push_saved_tensors_default_hooks, _autograd._pop_saved_tensors_default_hooks = push, pop
+        try:
+            yield
+        finally:
+            _autograd._push_saved_tensors_default_hooks, _autograd._pop_saved_tensors_default_hooks = stock_push, stock_pop
 
     def release(self, node: Any) -> None:
         """Empty what ``node`` saved (for a ``CopySlices``, also what the in-place op it wraps saved,
@@ -141,7 +206,7 @@ class SavedTensors:
             for reference in self._by_node.pop(owner, ()):
                 holder = reference()
                 if holder is not None:
-                    holder.tensor = None
+                    holder.tensor = holder.unpack = None
 
 
 class HookGuard(TorchFunctionMode):

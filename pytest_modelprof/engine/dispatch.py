@@ -77,6 +77,8 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if savers or saved is not None:
                 unpack = saved.unpack if saved is not None else _identity
                 stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._saver(savers, saved), unpack))
+                if saved is not None:
+                    stack.enter_context(saved.nested())
             stack.enter_context(self.tracker)
             stack.enter_context(self)
             stack.callback(self._settle)
