@@ -108,6 +108,8 @@ class _NestedPack:
         self._saved = self._pack = self._unpack = None
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("_saved", "_pack", "_unpack"):  # not set yet (a copy's)
+            raise AttributeError(name)
         return getattr(self._pack, name)
 
 
