@@ -26,6 +26,7 @@ import torchvision
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pytest_modelprof import profile  # noqa: E402
+from pytest_modelprof.engine.layers import one_cycle_profile  # noqa: E402
 
 
 def step(model: torch.nn.Module, x: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
@@ -40,7 +41,7 @@ def profiler_records(model: torch.nn.Module, x: torch.Tensor, optimizer: torch.o
     tensors = [*model.parameters(), *model.buffers(), x, *(v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))]
     resident = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
     activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    with one_cycle_profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
         step(model, x, optimizer)
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     total = peak = 0

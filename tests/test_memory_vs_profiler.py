@@ -11,6 +11,7 @@ import torchvision
 
 from models import TinyTransformer
 from pytest_modelprof import profile
+from pytest_modelprof.engine.layers import one_cycle_profile
 
 
 def profiler_peak(model, x):
@@ -23,7 +24,7 @@ def profiler_peak(model, x):
     """
     model.train()
     resident = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x]}
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with one_cycle_profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         model(x).sum().backward()
     events = []  # (time, bytes, address, the dispatched op it was allocated or freed in)
     for root in prof.profiler.kineto_results.experimental_event_tree():
@@ -88,7 +89,7 @@ def profiler_category_maxima(model, x, optimizer):
     from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category, MemoryProfileTimeline
 
     activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    with one_cycle_profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True) as prof:
         model(x).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
