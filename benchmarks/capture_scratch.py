@@ -1,4 +1,4 @@
-"""On a machine with a CUDA GPU: what each op of a ../shared/gpu-truth workload's steady step
+"""On a machine with a CUDA GPU: what each op of a gpu-truth workload (pytest_modelprof/data/gpu-truth)'s steady step
 allocates inside its kernels, beside what the engine models (``engine/targets/scratch.py``).
 
 For every ATen op of the second step (set up and run as ``capture.py`` runs it, each workload
@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu_truth
-from pytest_modelprof.engine.targets.calibrate import training_step
+from pytest_modelprof.engine.calibrate import training_step
 from pytest_modelprof.engine.targets.scratch import kernel_scratch
 
 MiB = 1 << 20

@@ -1,4 +1,4 @@
-"""The shared GPU records (../shared/gpu-truth): each workload of capture.py built for an analytic run.
+"""The shared GPU records (pytest_modelprof/data/gpu-truth): each workload of capture.py built for an analytic run.
 
 ``workload(name)`` gives the model (on the meta device), its inputs and the keyword
 arguments of :func:`pytest_modelprof.profile` that make the step ``capture.py`` measured;
@@ -20,7 +20,7 @@ import torch
 
 from pytest_modelprof.engine.targets import cudnn
 
-TRUTH = Path(__file__).resolve().parents[2] / "shared" / "gpu-truth"
+TRUTH = Path(__file__).resolve().parents[1] / "pytest_modelprof" / "data" / "gpu-truth"
 # the cuDNN the records ran (torch 2.11.0+cu130 pins nvidia-cudnn-cu13==9.19.0.56): cuDNN's
 # convolution workspaces are those of the cuDNN that answers, so the records' reserved bytes
 # are reproduced with this one (benchmarks/memory_vs_h100.py --cudnn)

@@ -1,4 +1,4 @@
-"""The analytic H100 memory of each ../shared/gpu-truth workload against the record, on this machine.
+"""The analytic H100 memory of each gpu-truth workload (pytest_modelprof/data/gpu-truth) against the record, on this machine.
 
 For each workload: the steady step's peak allocated bytes over ``max_memory_allocated``,
 the reserved estimate over ``max_memory_reserved``, and the reserved bytes the allocator
@@ -65,7 +65,7 @@ def main() -> None:
     except RuntimeError:
         pass
     if not gpu_truth.available():
-        raise SystemExit("../shared/gpu-truth is not beside this checkout")
+        raise SystemExit("pytest_modelprof/data/gpu-truth is missing from this checkout")
     records = gpu_truth.records()
     names = [name for name in sorted(records) if len(sys.argv) < 2 or name in sys.argv[1:]]
     histories: list[list[tuple[Any, int]]] = []

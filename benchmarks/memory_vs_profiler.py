@@ -26,7 +26,7 @@ import torchvision
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pytest_modelprof import profile  # noqa: E402
-from pytest_modelprof.engine.layers import one_cycle_profile  # noqa: E402
+from pytest_modelprof.engine.timing.layers import one_cycle_profile  # noqa: E402
 
 
 def step(model: torch.nn.Module, x: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:

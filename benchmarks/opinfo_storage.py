@@ -1,6 +1,6 @@
 """Every op in PyTorch's OpInfo database, forward and backward: the bytes of the storages its real
 CPU kernels make against those its fake kernels make in an analytic run (with the engine's own
-corrections, :class:`~pytest_modelprof.engine.kernel_outputs.KernelOutputs`).
+corrections, :class:`~pytest_modelprof.engine.analytic.kernel_outputs.KernelOutputs`).
 
 An analytic run's memory is only as exact as the fake kernels' outputs: a meta kernel that makes a
 smaller storage than its real kernel (an output made for one shape and resized to another, a
@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from pytest_modelprof.engine.kernel_outputs import KernelOutputs
+from pytest_modelprof.engine.analytic.kernel_outputs import KernelOutputs
 
 IGNORED = frozenset({"aten.lift_fresh"})  # a fake mode's copy of a scalar constant
 

@@ -1,4 +1,4 @@
-"""Predicted step times against real H100 steps (../shared/gpu-truth/h100.json), and the fit behind them.
+"""Predicted step times against real H100 steps (pytest_modelprof/data/gpu-truth/h100.json), and the fit behind them.
 
 For each of the shared workloads, on this CPU-only machine: the analytic step on target
 h100, matched to its record (``engine/targets/calibrate.py``: ``observe``). A calibration is
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import gpu_truth  # noqa: E402
 from pytest_modelprof import GPUS  # noqa: E402
-from pytest_modelprof.engine.targets.calibrate import Observed, errors, fit, kernel_time, observe  # noqa: E402
+from pytest_modelprof.engine.calibrate import Observed, errors, fit, kernel_time, observe  # noqa: E402
 from pytest_modelprof.engine.targets.gpus import Calibration  # noqa: E402
 
 H100 = GPUS["h100"]
@@ -56,7 +56,7 @@ def main() -> None:
     options = parser.parse_args()
     data = workloads()
     shipped = H100.calibration
-    source = f"fitted on {len(data)} H100 steps (../shared/gpu-truth, torch 2.11)"
+    source = f"fitted on {len(data)} H100 steps (the project's gpu-truth records, torch 2.11)"
     full = fit(H100, data, source=source)  # from the round defaults, as each leave-one-out fit starts
     print(f"{'workload':48s} {'measured':>9s} {'shipped':>9s} {'err':>7s} {'fit':>9s} {'err':>7s} {'left out':>9s} {'err':>7s}  (ms)")
     table: dict[str, list[float]] = {"shipped": errors(H100, data, shipped), "fit": errors(H100, data, full)}

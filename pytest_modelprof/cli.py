@@ -242,8 +242,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 def calibrate(options: argparse.Namespace, out: TextIO) -> int:
     """``modelprof calibrate``: measure the probes on this GPU, fit, write the calibration file."""
-    from .engine.targets.calibrate import PROBES, errors
-    from .engine.targets.calibrate import calibrate as fit_to_measurements
+    from .engine.calibrate import PROBES, errors
+    from .engine.calibrate import calibrate as fit_to_measurements
     from .engine.targets.gpus import save_calibration
 
     try:

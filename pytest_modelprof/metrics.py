@@ -13,7 +13,7 @@ holds a profile made with ``target="h100"`` to 4200 MB; a key may also be a devi
 (``cpu``, ``cuda``) for profiles without a target.
 
 Latency is measured with a calibration workload timed next to the model (see
-:mod:`pytest_modelprof.engine.timing`); ``calibration_ms`` is recorded beside each
+:mod:`pytest_modelprof.engine.timing.latency`); ``calibration_ms`` is recorded beside each
 latency baseline so that a later run can be compared at the baseline's machine speed.
 It is a reference, not a limit: it has no ceiling and no tolerance.
 """

@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 from . import stats as _stats
 
 Phase = Literal["forward", "loss", "backward", "recompute", "optimizer"]
-"""Where in a step an op ran (see :mod:`pytest_modelprof.engine.dispatch`)."""
+"""Where in a step an op ran (see :mod:`pytest_modelprof.engine.observe.dispatch`)."""
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
 MemoryCategory = Literal[

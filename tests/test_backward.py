@@ -1,7 +1,7 @@
 """The backward pass run in Python (analytic CUDA targets) against PyTorch's autograd engine.
 
 On CPU fake tensors both can run: the same profile, run once with the engine and once
-with :func:`~pytest_modelprof.engine.backward.run_backward`, must give the same
+with :func:`~pytest_modelprof.engine.analytic.backward.run_backward`, must give the same
 gradients' existence and layout, the same FLOPs per phase and operator, and the same
 memory over time (peak, breakdown, every category's maximum).
 """
@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pytest_modelprof import ProfileError, profile
 from pytest_modelprof.engine import workload as workload_module
-from pytest_modelprof.engine.backward import SavedTensors, run_backward
+from pytest_modelprof.engine.analytic.backward import SavedTensors, run_backward
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from torch import nn
 
 from pytest_modelprof import GPUS, profile
 from pytest_modelprof.cli import main
-from pytest_modelprof.engine.targets.calibrate import (
+from pytest_modelprof.engine.calibrate import (
     Probe,
     calibrate,
     errors,

@@ -13,7 +13,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pytest_modelprof import ProfileError, profile
-from pytest_modelprof.engine.kernel_outputs import KernelOutputs, onednn_lstm_workspace_bytes
+from pytest_modelprof.engine.analytic.kernel_outputs import KernelOutputs, onednn_lstm_workspace_bytes
 
 aten = torch.ops.aten
 
@@ -250,7 +250,7 @@ def test_pointwise_outputs_are_laid_out_as_the_cpu_kernels_lay_them_out(op):
 
 
 def test_views_are_strided_as_the_cpu_kernels_stride_them():
-    from pytest_modelprof.engine.kernel_outputs import view_strides
+    from pytest_modelprof.engine.analytic.kernel_outputs import view_strides
 
     for t in layouts():
         for shape in ([-1], [t.shape[0], -1], [*t.shape[:-1], 1, t.shape[-1]], [1, *t.shape]):

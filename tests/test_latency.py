@@ -17,9 +17,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_modelprof import LatencyWarning, ProfileError, Timing, machine_name, profile, stats
-from pytest_modelprof.engine import layers
 from pytest_modelprof.engine import run as engine_run
-from pytest_modelprof.engine.timing import cpu_wait_counters, cpu_wait_share, measure_latency
+from pytest_modelprof.engine.timing import layers
+from pytest_modelprof.engine.timing.latency import cpu_wait_counters, cpu_wait_share, measure_latency
 
 QUICK = Timing(budget=0.3, warmup=1, min_repeats=5)
 

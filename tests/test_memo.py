@@ -10,8 +10,8 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from examples.gpt2 import GPT2, GPT2Config
 from models import TinyCNN, TinyTransformer
 from pytest_modelprof import ProfileError, profile
-from pytest_modelprof.engine import memo
-from pytest_modelprof.engine.dispatch import Dispatcher
+from pytest_modelprof.engine.observe import memo
+from pytest_modelprof.engine.observe.dispatch import Dispatcher
 
 
 class DeepMLP(nn.Module):

@@ -11,7 +11,7 @@ import torchvision
 
 from models import TinyTransformer
 from pytest_modelprof import profile
-from pytest_modelprof.engine.layers import one_cycle_profile
+from pytest_modelprof.engine.timing.layers import one_cycle_profile
 
 
 def profiler_peak(model, x):

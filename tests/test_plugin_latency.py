@@ -8,7 +8,7 @@ from conftest import write_budget
 from test_plugin_json import validate
 
 from pytest_modelprof import machine_name
-from pytest_modelprof.engine import timing
+from pytest_modelprof.engine.timing import latency as timing
 
 FAST = "--modelprof-time-budget=0.2"
 

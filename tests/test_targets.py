@@ -1,5 +1,5 @@
 """CUDA as the target from a CPU-only machine: the GPU table, CUDA's kernel choices, and whole
-analytic steps against the real H100 allocator figures in ../shared/gpu-truth."""
+analytic steps against the real H100 allocator figures in pytest_modelprof/data/gpu-truth."""
 
 import math
 
@@ -10,9 +10,9 @@ from torch.utils.checkpoint import checkpoint
 
 from benchmarks import gpu_truth
 from pytest_modelprof import GPUS, GPUSpec, ProfileError, profile
-from pytest_modelprof.engine.targets import kernels
+from pytest_modelprof.engine.analytic.cuda import kernels
+from pytest_modelprof.engine.analytic.cuda.kernels import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
 from pytest_modelprof.engine.targets.gpus import gpu_spec
-from pytest_modelprof.engine.targets.kernels import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
 
 MiB = 1 << 20
 
@@ -98,7 +98,7 @@ def test_the_attention_backend_by_mask():
 
 
 def test_cudnn_attention_and_dropout_by_release(monkeypatch):
-    from pytest_modelprof.engine.targets import kernels
+    from pytest_modelprof.engine.analytic.cuda import kernels
 
     # PyTorch 2.12 leaves cuDNN out for a dropout that is not a multiple of 1/16 (pull request 174245)
     monkeypatch.setattr(kernels, "TORCH_RELEASE", (2, 11))
@@ -209,7 +209,7 @@ def test_a_target_is_a_gpu():
         profile(nn.Linear(4, 4), torch.randn(2, 4), device="cpu", target="h100")
 
 
-# ../shared/gpu-truth: real allocator figures of an H100 --------------------------------
+# pytest_modelprof/data/gpu-truth: real allocator figures of an H100 --------------------------------
 
 # measured here (peak / max_memory_allocated, reserved / max_memory_reserved): what is not
 # yet within the issue's bounds (3% and 5%), and why
@@ -227,7 +227,6 @@ OPEN_RESERVED = {
 }
 
 
-@pytest.mark.skipif(not gpu_truth.available(), reason="../shared/gpu-truth is not beside this checkout")
 @pytest.mark.parametrize("name", sorted(gpu_truth.records()))
 def test_an_h100_step_from_a_cpu_only_machine(name):
     if name in OPEN:

@@ -6,7 +6,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pytest_modelprof import ProfileError, profile
-from pytest_modelprof.engine.values import KnownValues
+from pytest_modelprof.engine.analytic.values import KnownValues
 
 
 class CausalEncoder(nn.Module):
@@ -134,7 +134,7 @@ def test_in_place_updates_of_a_list_are_followed():
 
 def test_uninitialised_and_large_tensors_have_no_value():
     def body(values):
-        from pytest_modelprof.engine.values import LIMIT
+        from pytest_modelprof.engine.analytic.values import LIMIT
 
         assert values.value(torch.empty(4)) is None
         assert values.value(torch.zeros(LIMIT + 1)) is None

@@ -8,7 +8,7 @@ from .meters.flops import register_flop_formula, unregister_flop_formula
 from .monitor import IterationMemory, MemoryGrowthWarning, MemoryMonitor
 from .run import profile, profile_ranks
 from .targets.gpus import GPUS, GPUSpec
-from .timing import LatencyWarning, Timing, calibration_workload, machine_name
+from .timing.latency import LatencyWarning, Timing, calibration_workload, machine_name
 
 __all__ = [
     "GPUS",

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..results import ModuleStats, Profile
 from .meters import Meter
-from .modules import ModuleTracker
+from .observe.modules import ModuleTracker
 from .workload import Workload
 
 

@@ -18,20 +18,20 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..results import PredictedReport, Profile
 from .assemble import assemble, roll_up_containers
-from .dispatch import Dispatcher
 from .distributed import Parallel, Parallelize, fake_world, shape_propagation_apart, sharded_copy, transparent_types
 from .errors import ProfileError
-from .layers import layer_times
-from .memo import LeafMemo
 from .meters import Meter
 from .meters.collectives import CollectiveMeter
 from .meters.flops import FlopMeter, FormulaTable
 from .meters.memory import CUDA_BLOCK, MemoryMeter
 from .meters.predicted import PredictedMeter
-from .modules import ModuleTracker
+from .observe.dispatch import Dispatcher
+from .observe.memo import LeafMemo
+from .observe.modules import ModuleTracker
 from .targets.cost import collective_seconds
 from .targets.gpus import GPUSpec, gpu_spec
-from .timing import Timing, batch_size_of, measure_latency
+from .timing.latency import Timing, batch_size_of, measure_latency
+from .timing.layers import layer_times
 from .workload import Sharded, Workload, parse_device
 
 

@@ -26,10 +26,9 @@ from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
-from .backward import HookGuard, SavedTensors, run_backward
-from .distributed import Parallel, wait_for
-from .errors import ProfileError
-from .fake import (
+from .analytic.backward import HookGuard, SavedTensors, run_backward
+from .analytic.cuda.kernels import CudaKernels
+from .analytic.fake import (
     RunTensors,
     analytic_meta_kernels,
     choose_mode,
@@ -39,12 +38,13 @@ from .fake import (
     run_tensors,
     tensors_in,
 )
-from .kernel_outputs import KernelOutputs
-from .modules import ModuleTracker
-from .routing import Routing
+from .analytic.kernel_outputs import KernelOutputs
+from .analytic.routing import Routing
+from .analytic.values import KnownValues, eager_paths, unknown_value_hint
+from .distributed import Parallel, wait_for
+from .errors import ProfileError
+from .observe.modules import ModuleTracker
 from .targets.gpus import GPUSpec, gpu_spec
-from .targets.kernels import CudaKernels
-from .values import KnownValues, eager_paths, unknown_value_hint
 
 DEVICE_KINDS = ("cpu", "cuda", "meta")  # what device= accepts ("meta": analytic)
 

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     import torch
 
     from ...results import ModuleStats, Phase, Profile
-    from ..fake import RunTensors
-    from ..modules import StackKey
+    from ..analytic.fake import RunTensors
+    from ..observe.modules import StackKey
 
 
 class Op(NamedTuple):

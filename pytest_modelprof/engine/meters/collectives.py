@@ -17,9 +17,9 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ...results import Collective, ModuleStats, Phase, Profile
+from ..analytic.fake import RunTensors
 from ..distributed import fsdp_served_modules, served_module
-from ..fake import RunTensors
-from ..modules import StackKey
+from ..observe.modules import StackKey
 from . import Meter, Op
 
 # kind, which argument holds the payload (an index, or "out"), where the group's size comes from

@@ -20,7 +20,7 @@ import torch
 from ...results import ModuleOp, ModuleStats, OpStats, Phase, Profile
 from ..errors import FormulaError
 from ..formulas import BUILTIN, COMMUNICATION_NAMESPACES, DATA_MOVEMENT, NAMED, Formula, OpCost
-from ..modules import StackKey
+from ..observe.modules import StackKey
 from . import Meter, Op
 
 _REGISTERED: dict[Any, Formula] = {}  # register_flop_formula's, for every run of this process

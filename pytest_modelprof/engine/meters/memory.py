@@ -40,9 +40,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Phase, Profile
+from ..analytic.fake import RunTensors
 from ..distributed import local, storage_resizes
-from ..fake import RunTensors
-from ..modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
+from ..observe.modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
 from ..targets import cudnn
 from ..targets.allocator import CUBLAS_OPS, reserved_bytes, workspace_bytes
 from ..targets.gpus import GPUSpec

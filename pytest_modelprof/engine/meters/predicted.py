@@ -14,7 +14,7 @@ from . import Meter, Op
 from .flops import FormulaTable, cost_of
 
 if TYPE_CHECKING:
-    from ..fake import RunTensors
+    from ..analytic.fake import RunTensors
 
 
 class PredictedMeter(Meter):

@@ -28,7 +28,7 @@ first step's one-off costs (cuDNN plans, allocations from the driver).
 
 :data:`~.gpus.UNCALIBRATED` holds round, physically plausible defaults; a GPU's
 :class:`~.gpus.Calibration`, fitted to measured kernel times, replaces them
-(``benchmarks/predicted_vs_h100.py`` fits one on ``../shared/gpu-truth/h100.json``).
+(``benchmarks/predicted_vs_h100.py`` fits one on ``pytest_modelprof/data/gpu-truth/h100.json``).
 """
 
 from __future__ import annotations

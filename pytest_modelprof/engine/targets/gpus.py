@@ -121,7 +121,7 @@ def _spec(
 
 
 # fitted by benchmarks/predicted_vs_h100.py on the kernel and step times of the nine H100
-# steps in ../shared/gpu-truth (torch 2.11, cuDNN 9.19); its leave-one-out table says how
+# steps in pytest_modelprof/data/gpu-truth (torch 2.11, cuDNN 9.19); its leave-one-out table says how
 # far it carries to other models
 H100_CALIBRATION = Calibration(
     efficiency={
@@ -143,7 +143,7 @@ H100_CALIBRATION = Calibration(
     host_seconds=16.48e-6,
     view_seconds=11.52e-6,
     calibrated=True,
-    source="fitted on 9 H100 steps (../shared/gpu-truth, torch 2.11)",
+    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11)",
 )
 
 _HOPPER = {"float64": 67, "float32": 67, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8": 1978.9}

@@ -14,7 +14,7 @@ and output vector when the reduced dimension is not the fastest-moving one: the
 gradient of a linear layer's bias (``grad.sum(0)`` of a ``[tokens, features]`` gradient)
 takes hundreds of times the bytes it reads. On an H100 the bias-gradient sum of an
 8192 x 4096 bf16 gradient stages 132 MiB: the measured peak of an 8-layer bf16 MLP's
-training step (../shared/gpu-truth, torch 2.11) exceeds the tensors alive at that sum by
+training step (pytest_modelprof/data/gpu-truth, torch 2.11) exceeds the tensors alive at that sum by
 exactly that and its semaphores. :func:`reduction_scratch` reproduces
 the launch configuration: TensorIterator's ordering and coalescing of the dimensions
 (output-reduced dimensions first, then by stride), then ``setReduceConfig`` for the
@@ -63,8 +63,8 @@ from typing import Any
 
 import torch
 
+from ..analytic.kernel_outputs import REDUCED_LOSSES, reorder_dimensions
 from ..formulas import bound_arguments
-from ..kernel_outputs import REDUCED_LOSSES, reorder_dimensions
 from . import cudnn
 
 INT32_MAX = 2**31 - 1

@@ -69,7 +69,7 @@ from torch._prims_common import make_contiguous_strides_for, suggest_memory_form
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .formulas import ELEMENTWISE, bound_arguments
+from ..formulas import ELEMENTWISE, bound_arguments
 
 aten = torch.ops.aten
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from .backward import in_backward
+from ..analytic.backward import in_backward
 
 StackKey = tuple[str, ...]
 """The dotted paths of the modules running, outermost first, each path once."""

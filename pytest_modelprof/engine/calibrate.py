@@ -1,7 +1,7 @@
 """A target's calibration, fitted to kernel and step times measured on that GPU.
 
 A *record* is what a real step on the GPU measured (the format of
-``../shared/gpu-truth/h100.json``, and of what :func:`measure_probe` writes): the step's median
+``pytest_modelprof/data/gpu-truth/h100.json``, and of what :func:`measure_probe` writes): the step's median
 time (``step_ms_median``) and every ATen op's self device time by its input shapes
 (``ops``: ``op``, ``shapes``, ``self_device_us``), as ``torch.profiler`` gives them. The
 same workload run analytically on the target gives each op's :class:`~.cost.Work`
@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..meters import Meter, Op
-from ..meters.flops import FormulaTable
-from ..meters.predicted import op_features
-from .cost import KINDS, StepClock, Work, kernel_seconds
-from .gpus import Calibration, GPUSpec
+from .meters import Meter, Op
+from .meters.flops import FormulaTable
+from .meters.predicted import op_features
+from .targets.cost import KINDS, StepClock, Work, kernel_seconds
+from .targets.gpus import Calibration, GPUSpec
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
 
@@ -86,7 +86,7 @@ class Observed:
 def observe(gpu: GPUSpec, model: nn.Module, inputs: Any, record: Mapping[str, Any], **keywords: Any) -> Observed:
     """Run ``model`` analytically on ``gpu`` (``keywords``: :func:`~pytest_modelprof.profile`'s, e.g.
     ``train``, ``optimizer``, ``autocast``) and match its ops to ``record``."""
-    from ..run import profile  # the engine's entry point; this module is one of its users
+    from .run import profile  # the engine's entry point; this module is one of its users
 
     features = _Features()
     profile(model, inputs, target=gpu, flops=False, memory=False, meters=[features], **keywords)
@@ -388,7 +388,7 @@ def measure_probe(probe: Probe, device: torch.device, steps: int = 20) -> dict[s
     """Run ``probe`` on the GPU ``device``: its record (see the module's notes)."""
     from torch.profiler import ProfilerActivity
 
-    from ..layers import one_cycle_profile
+    from .timing.layers import one_cycle_profile
 
     torch.manual_seed(0)
     model, inputs, keywords = probe.build(device)

@@ -22,14 +22,14 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .errors import ProfileError
-from .formulas import beneath_the_run
-from .targets.gpus import GPUSpec
+from ..errors import ProfileError
+from ..formulas import beneath_the_run
+from ..targets.gpus import GPUSpec
 
 CUDA_TARGET = torch.device("cuda", 0)  # what the fake tensors of an analytic GPU-target run claim
 
 if TYPE_CHECKING:
-    from .workload import Workload
+    from ..workload import Workload
 
 
 def choose_mode(

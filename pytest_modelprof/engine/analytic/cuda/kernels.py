@@ -67,11 +67,11 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from ...targets import cudnn
+from ...targets.gpus import GPUSpec
+from ...targets.scratch import threads_per_sm
 from ..backward import HookGuard, in_backward
 from ..fake import input_gradient_meta, meta_kernels
-from . import cudnn
-from .gpus import GPUSpec
-from .scratch import threads_per_sm
 
 MATH, FLASH, EFFICIENT, CUDNN = 0, 1, 2, 3  # torch.nn.attention.SDPBackend's values
 aten = torch.ops.aten

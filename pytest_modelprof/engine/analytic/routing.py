@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import ProfileError
-from .formulas import beneath_the_run
+from ..errors import ProfileError
+from ..formulas import beneath_the_run
 
 aten = torch.ops.aten
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_globals
 
-from .backward import in_backward
+from ..analytic.backward import in_backward
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher

@@ -51,7 +51,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .formulas import METADATA, beneath_the_run, bound_arguments
+from ..formulas import METADATA, beneath_the_run, bound_arguments
 
 aten = torch.ops.aten
 

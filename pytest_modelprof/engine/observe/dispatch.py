@@ -26,10 +26,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..results import Phase
-from .backward import SavedTensors, current_node, in_backward
-from .formulas import METADATA
-from .meters import Meter, Op, overrides
+from ...results import Phase
+from ..analytic.backward import SavedTensors, current_node, in_backward
+from ..formulas import METADATA
+from ..meters import Meter, Op, overrides
 from .modules import ROOT, ModuleTracker, StackKey
 
 

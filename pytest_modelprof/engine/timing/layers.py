@@ -23,8 +23,8 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-from ..results import ModuleStats, OpTime
-from .modules import ROOT, ModuleTracker, StackKey
+from ...results import ModuleStats, OpTime
+from ..observe.modules import ROOT, ModuleTracker, StackKey
 
 _LABEL = "modelprof::"
 _CALL = "modelprof-call"

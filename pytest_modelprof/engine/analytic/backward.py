@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .errors import ProfileError
+from ..errors import ProfileError
 
 _peek_sequence_nr = torch.autograd._get_sequence_nr  # type: ignore[attr-defined]
 _autograd: Any = torch._C._autograd

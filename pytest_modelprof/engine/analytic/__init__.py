@@ -1,0 +1,10 @@
+"""Analytic runs: the step on fake tensors, as the real device would run it, with no allocation
+and no computation.
+
+- :mod:`.fake`: the run's fake tensors and the meta kernels that stand in for real ones;
+- :mod:`.values`: values an analytic run knows (constants, the caller's real tensors);
+- :mod:`.routing`: data-dependent sizes of mixture-of-experts routing;
+- :mod:`.kernel_outputs`: outputs a real kernel makes otherwise than its meta kernel;
+- :mod:`.backward`: the Python backward pass of CUDA-target runs;
+- :mod:`.cuda`: CUDA's own kernel choices, made for a target GPU without a driver.
+"""
