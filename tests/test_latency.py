@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pytest_modelprof import LatencyWarning, ProfileError, Timing, machine_name, profile, stats
+from pytest_modelprof import LatencyReport, LatencyWarning, ProfileError, Timing, machine_name, profile, stats
 from pytest_modelprof.engine import run as engine_run
 from pytest_modelprof.engine.timing import layers
 from pytest_modelprof.engine.timing.latency import cpu_wait_counters, cpu_wait_share, measure_latency
@@ -95,8 +95,16 @@ def test_latency_statistics_throughput_and_flop_rate():
     assert result.machine == report.machine == machine_name(torch.device("cpu"))
     low, high = report.interval()
     assert low <= report.median <= high
-    assert report.calibration_seconds is not None
-    assert statistics.median(report.ratios) * report.calibration_seconds == pytest.approx(report.median)
+
+
+def test_the_calibration_time_is_the_median_latency_over_the_median_ratio():
+    # samples 10, 12, 14 ms timed beside calibrations of 1, 1, 2 ms: ratios 10, 12, 7, median 10;
+    # the median latency, 12 ms, over that ratio: the calibration as the model's latency sees it
+    ms = 1e-3
+    report = LatencyReport(device="cpu", machine="a CPU", samples=[10 * ms, 12 * ms, 14 * ms], calibration=[1 * ms, 1 * ms, 2 * ms])
+    assert report.ratios == pytest.approx([10, 12, 7])
+    assert report.calibration_seconds == pytest.approx(1.2 * ms)
+    assert LatencyReport(device="cpu", machine="a CPU", samples=[10 * ms]).calibration_seconds is None
 
 
 class ScriptedClock:

@@ -163,7 +163,6 @@ def test_csv_per_epoch_and_json(tmp_path):
 
 
 def test_the_plot(tmp_path):
-    pytest.importorskip("matplotlib")
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with MemoryMonitor(model, optimizer) as monitor:
