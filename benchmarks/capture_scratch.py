@@ -1,5 +1,5 @@
 """On a machine with a CUDA GPU: what each op of a gpu-truth workload (pytest_modelprof/data/gpu-truth)'s steady step
-allocates inside its kernels, beside what the engine models (``engine/targets/scratch.py``).
+allocates inside its kernels, beside what the engine models (``engine/targets/scratch/``).
 
 For every ATen op of the second step (set up and run as ``capture.py`` runs it, each workload
 in a fresh process): its name and inputs (shapes, strides, dtypes), the allocated bytes

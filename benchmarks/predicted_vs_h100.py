@@ -1,7 +1,7 @@
 """Predicted step times against real H100 steps (pytest_modelprof/data/gpu-truth/h100.json), and the fit behind them.
 
 For each of the shared workloads, on this CPU-only machine: the analytic step on target
-h100, matched to its record (``engine/targets/calibrate.py``: ``observe``). A calibration is
+h100, matched to its record (``engine/calibrate.py``: ``observe``). A calibration is
 fitted (``calibrate.fit``, from the round defaults) in two stages: the kernel model (efficiency per kind of kernel, the shape of a
 matrix product at which it reaches half of it, batch norm's bandwidth per channel, the
 shortest kernel) to the measured kernel time of each operator and input shapes the

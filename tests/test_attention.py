@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention
 
 from pytest_modelprof import profile
-from pytest_modelprof.engine.meters.flops import formula_for
+from pytest_modelprof.engine.formulas import formula_for
 
 B, L, E, H = 2, 10, 32, 4
 D = E // H

@@ -3,7 +3,7 @@
 The lattice of a sequence spans its input steps x its target extended with blanks (2 L + 1):
 13 FLOPs per forward variable (a 3-way log-sum-exp plus the log-probability), in the backward
 pass 13 per backward variable and 9 to fold alpha + beta into the gradient, and 6 per gradient
-element (see engine/formulas.py).
+element (see engine/formulas/losses.py).
 """
 
 import pytest

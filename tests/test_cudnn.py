@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from pytest_modelprof import GPUS, profile
-from pytest_modelprof.engine.formulas import bound_arguments
 from pytest_modelprof.engine.meters import memory as memory_meter
+from pytest_modelprof.engine.ops import bound_arguments
 from pytest_modelprof.engine.targets import cudnn
 from pytest_modelprof.engine.targets.scratch import convolution_workspaces
 

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from pytest_modelprof import GPUS, profile
-from pytest_modelprof.engine.targets.scratch import kernel_scratch, reduction_scratch, threads_per_sm
+from pytest_modelprof.engine.targets.gpus import threads_per_sm
+from pytest_modelprof.engine.targets.scratch import kernel_scratch, reduction_scratch
 
 MiB = 1 << 20
 SUM = torch.ops.aten.sum.dim_IntList

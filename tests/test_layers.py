@@ -33,7 +33,7 @@ def test_batch_norm_training_adds_statistics():
 def test_cudnn_batch_norm_backward_costs_every_gradient():
     # cuDNN's batch-norm backward (CUDA training steps) computes all three gradients: with the batch's
     # statistics, grad_input 7 per element, grad_weight 2, grad_bias 1 (no GPU here: the formula, on meta tensors)
-    from pytest_modelprof.engine.meters.flops import formula_for
+    from pytest_modelprof.engine.formulas import formula_for
 
     formula = formula_for(torch.ops.aten.cudnn_batch_norm_backward.default)
     x = torch.empty(N, C, S, S, device="meta")

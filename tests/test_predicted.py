@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from pytest_modelprof import GPUS, GPUSpec, profile
+from pytest_modelprof.engine.formulas import FormulaTable
 from pytest_modelprof.engine.meters import Op
-from pytest_modelprof.engine.meters.flops import FormulaTable
 from pytest_modelprof.engine.meters.predicted import op_features
 from pytest_modelprof.engine.targets.cost import Gemm, Work, gemms_of, kernel_seconds, kind_of, norm_work
 from pytest_modelprof.engine.targets.gpus import Calibration

@@ -103,7 +103,7 @@ def test_a_cuda_target_runs_the_stack_as_one_cudnn_kernel(module, gates):
 def test_cudnns_lstm_reserve_as_measured_on_an_h100():
     # pytest_modelprof/data/gpu-truth: _cudnn_rnn_backward's reserve for LSTM(512, 1024, 2 layers),
     # batch 32, 256 steps, fp32 was a uint8 tensor of 369,099,008 bytes
-    from pytest_modelprof.engine.analytic.cuda.kernels import reserve_bytes
+    from pytest_modelprof.engine.analytic.cuda.rnn import reserve_bytes
 
     assert reserve_bytes(2, seq=256, batch=32, hidden=1024, layers=2, directions=1, element=4) == 369_099_008
     lstm = nn.LSTM(512, 1024, 2, batch_first=True)

@@ -1,4 +1,4 @@
-"""Sorting and selection, counted as comparisons (the README's convention), by hand."""
+"""Sorting and selection, counted as comparisons (the convention of docs/flops.md), by hand."""
 
 import math
 

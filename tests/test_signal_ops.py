@@ -1,4 +1,4 @@
-"""FFTs, pairwise distances, grid sampling and binary search, counted by hand (the README's convention)."""
+"""FFTs, pairwise distances, grid sampling and binary search, counted by hand (the convention of docs/flops.md)."""
 
 import math
 

@@ -10,8 +10,8 @@ from torch.utils.checkpoint import checkpoint
 
 from benchmarks import gpu_truth
 from pytest_modelprof import GPUS, GPUSpec, ProfileError, profile
-from pytest_modelprof.engine.analytic.cuda import kernels
-from pytest_modelprof.engine.analytic.cuda.kernels import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
+from pytest_modelprof.engine.analytic.cuda import attention as kernels
+from pytest_modelprof.engine.analytic.cuda.attention import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
 from pytest_modelprof.engine.targets.gpus import gpu_spec
 
 MiB = 1 << 20
@@ -98,7 +98,7 @@ def test_the_attention_backend_by_mask():
 
 
 def test_cudnn_attention_and_dropout_by_release(monkeypatch):
-    from pytest_modelprof.engine.analytic.cuda import kernels
+    from pytest_modelprof.engine.analytic.cuda import attention as kernels
 
     # PyTorch 2.12 leaves cuDNN out for a dropout that is not a multiple of 1/16 (pull request 174245)
     monkeypatch.setattr(kernels, "TORCH_RELEASE", (2, 11))

@@ -1,4 +1,4 @@
-"""torchvision's detection ops, counted by hand (engine/formulas.py, found by name)."""
+"""torchvision's detection ops, counted by hand (engine/formulas/vision.py, found by name)."""
 
 import math
 

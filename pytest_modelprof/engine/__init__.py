@@ -2,9 +2,8 @@
 
 from ..results import Collective, LatencyReport, MemoryReport, ModuleOp, ModuleStats, OpStats, OpTime, Profile
 from .errors import FormulaError, ProfileError
-from .formulas import OpCost
+from .formulas import OpCost, register_flop_formula, unregister_flop_formula
 from .meters import Meter, Op
-from .meters.flops import register_flop_formula, unregister_flop_formula
 from .monitor import IterationMemory, MemoryGrowthWarning, MemoryMonitor
 from .run import profile, profile_ranks
 from .targets.gpus import GPUS, GPUSpec

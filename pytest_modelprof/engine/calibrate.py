@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .formulas import FormulaTable
 from .meters import Meter, Op
-from .meters.flops import FormulaTable
 from .meters.predicted import op_features
 from .targets.cost import KINDS, StepClock, Work, kernel_seconds
 from .targets.gpus import Calibration, GPUSpec

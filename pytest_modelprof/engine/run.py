@@ -20,9 +20,10 @@ from ..results import PredictedReport, Profile
 from .assemble import assemble, roll_up_containers
 from .distributed import Parallel, Parallelize, fake_world, shape_propagation_apart, sharded_copy, transparent_types
 from .errors import ProfileError
+from .formulas import FormulaTable
 from .meters import Meter
 from .meters.collectives import CollectiveMeter
-from .meters.flops import FlopMeter, FormulaTable
+from .meters.flops import FlopMeter
 from .meters.memory import CUDA_BLOCK, MemoryMeter
 from .meters.predicted import PredictedMeter
 from .observe.dispatch import Dispatcher

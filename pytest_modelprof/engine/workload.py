@@ -27,20 +27,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
 from .analytic.backward import HookGuard, SavedTensors, run_backward
-from .analytic.cuda.kernels import CudaKernels
-from .analytic.fake import (
-    RunTensors,
-    analytic_meta_kernels,
-    choose_mode,
-    conversions_in_place,
-    device_one_hot,
-    quiet_meta_failures,
-    run_tensors,
-    tensors_in,
-)
-from .analytic.kernel_outputs import KernelOutputs
-from .analytic.routing import Routing
-from .analytic.values import KnownValues, eager_paths, unknown_value_hint
+from .analytic.fake import RunTensors, choose_mode, run_tensors, tensors_in
+from .analytic.modes import analytic_modes, attributes_kept
+from .analytic.values import unknown_value_hint
 from .distributed import Parallel, wait_for
 from .errors import ProfileError
 from .observe.modules import ModuleTracker
@@ -200,20 +189,8 @@ class Workload:
             if self.fake_mode is None:
                 cuda = [self.target] if self.target.type == "cuda" else []
                 stack.enter_context(torch.random.fork_rng(devices=cuda, device_type=self.target.type))
-            else:
-                stack.enter_context(self.fake_mode)
-                stack.enter_context(quiet_meta_failures())
-                routing = stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
-                stack.enter_context(_dense_encoders(self.model))
-                stack.enter_context(analytic_meta_kernels())
-                stack.enter_context(KernelOutputs())  # outputs whose storage the kernel sizes otherwise than the meta kernel
-                known = KnownValues(tensors.sources, routing.decided)  # values that follow from constants and inputs
-                if self.gpu is not None:  # the target GPU's kernel choices, beneath every meter
-                    stack.enter_context(CudaKernels(self.gpu, known.value))
-                stack.enter_context(known)
-                stack.enter_context(eager_paths(known))
-                stack.enter_context(conversions_in_place())
-                stack.enter_context(device_one_hot(known.value))
+            else:  # the fake mode and the modes an analytic step runs under, in their order (see modes.py)
+                stack.enter_context(analytic_modes(self.fake_mode, self.model, self.gpu, tensors.sources))
             if tensors.optimizer is not None and self.parallel is None:
                 _create_state(tensors.optimizer)
             if not self.set_to_none:  # gradients zeroed in place are resident from the start, as in later steps
@@ -222,7 +199,7 @@ class Workload:
                         if tensor.requires_grad:
                             tensor.grad = torch.zeros_like(tensor)
             if self.fake_mode is not None:  # what the model records on itself as it runs on fake tensors
-                stack.enter_context(_attributes_kept(self.named_modules))
+                stack.enter_context(attributes_kept(self.named_modules))
             stack.enter_context(_restore_training_flags(flags))
             if any(flag is not self.train for flag in flags.values()):
                 self.model.train(self.train)
@@ -470,44 +447,6 @@ def _device_hint(error: Exception) -> str:
         " (on a CUDA target the inputs and weights are on the GPU, as in a real CUDA run, which fails alike: "
         "make tensors inside the model on their inputs' device, e.g. torch.arange(n, device=x.device))"
     )
-
-
-@contextlib.contextmanager
-def _dense_encoders(model: nn.Module) -> Iterator[None]:
-    """``nn.TransformerEncoder`` without its nested-tensor path, for an analytic run (fake tensors cannot be
-    nested): in eval with a padding mask it then runs on the padded batch, which a real run packs."""
-    encoders = [m for m in model.modules() if isinstance(m, nn.TransformerEncoder) and m.use_nested_tensor]
-    for encoder in encoders:
-        encoder.use_nested_tensor = False
-    try:
-        yield
-    finally:
-        for encoder in encoders:
-            encoder.use_nested_tensor = True
-
-
-@contextlib.contextmanager
-def _attributes_kept(named_modules: list[tuple[str, nn.Module]]) -> Iterator[None]:
-    """Each module's own attributes as they were before an analytic run: a model that records its state as it
-    runs (RWKV sets ``layers_are_rescaled`` once it has rescaled its weights; models cache tables on
-    themselves) changed fake tensors, not the caller's, so the caller's model must not keep the record
-    (nor fake tensors). Attributes the run added are removed, those it replaced put back; objects changed in
-    place (a module's ``_modules``: a module swapped in) are left as they are. A real run is left as eager
-    use leaves it: its parameters may be the caller's own (a training step without an optimizer)."""
-    modules = list({id(module): module for _, module in named_modules}.values())
-    before = [(vars(module), dict(vars(module))) for module in modules]
-    try:
-        yield
-    finally:
-        for now, attributes in before:
-            for name in [name for name in now if name not in attributes]:
-                del now[name]
-            for name, value in attributes.items():
-                if now.get(name, _GONE) is not value:
-                    now[name] = value
-
-
-_GONE = object()
 
 
 @contextlib.contextmanager

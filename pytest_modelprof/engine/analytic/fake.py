@@ -15,7 +15,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -23,13 +23,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import ProfileError
-from ..formulas import beneath_the_run
+from ..ops import beneath_the_run
 from ..targets.gpus import GPUSpec
 
 CUDA_TARGET = torch.device("cuda", 0)  # what the fake tensors of an analytic GPU-target run claim
-
-if TYPE_CHECKING:
-    from ..workload import Workload
 
 
 def choose_mode(
@@ -83,7 +80,44 @@ class RunTensors:
     sources: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
-def run_tensors(workload: Workload) -> RunTensors:
+class ShardedModel(Protocol):
+    """What :func:`run_tensors` reads of a sharded step's copy of the model (a ``workload.Sharded``)."""
+
+    @property
+    def source_params(self) -> Mapping[str, torch.Tensor]: ...  # the caller's parameters by name
+    @property
+    def gpu(self) -> GPUSpec | None: ...  # the GPU the ranks run on (target=)
+
+
+class Step(Protocol):
+    """What :func:`run_tensors` reads of a workload (a ``workload.Workload``, which this module does not import:
+    the workload is built on it)."""
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def args(self) -> tuple[Any, ...]: ...
+    @property
+    def kwargs(self) -> dict[str, Any]: ...
+    @property
+    def train(self) -> bool: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None: ...
+    @property
+    def target(self) -> torch.device: ...
+    @property
+    def fake_mode(self) -> FakeTensorMode | None: ...
+    @property
+    def named_params(self) -> dict[str, torch.Tensor]: ...
+    @property
+    def named_buffers(self) -> dict[str, torch.Tensor]: ...
+    @property
+    def sharded(self) -> ShardedModel | None: ...
+    @property
+    def in_place(self) -> bool: ...
+
+
+def run_tensors(workload: Step) -> RunTensors:
     """Tensors for a run of ``workload`` (made outside any fake mode): real copies on its target,
     or fake tensors of its fake mode. The caller's tensors never receive gradients or in-place updates."""
     fake_mode, target, train = workload.fake_mode, workload.target, workload.train

@@ -61,7 +61,6 @@ the storage and layout their kernels give them:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,20 +68,13 @@ from torch._prims_common import make_contiguous_strides_for, suggest_memory_form
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..formulas import ELEMENTWISE, bound_arguments
+from ..ops import REDUCED_LOSSES, REGISTRY, bound_arguments, reorder_dimensions
 
 aten = torch.ops.aten
 
-# losses whose reduced output keeps the storage made for the elementwise loss
-REDUCED_LOSSES = frozenset(
-    {aten.mse_loss.default, aten.smooth_l1_loss.default, aten.soft_margin_loss.default, aten.binary_cross_entropy.default}
-)
-
 _VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
-# elementwise ops whose kernels make their output in a TensorIterator (structured kernels); not those that
-# make it empty_like their input (nan_to_num, dropout) or contiguous (pow with a number for base)
-_NOT_ITERATED = {"nan_to_num", "native_dropout", "native_dropout_backward", "rrelu_with_noise", "mvlgamma"}
-_ITERATED = (frozenset(ELEMENTWISE) - _NOT_ITERATED) | {"where"}
+# elementwise ops whose kernels make their output in a TensorIterator (structured kernels), by name
+_ITERATED = frozenset(packet.__name__ for packet, info in REGISTRY.items() if info.iterated)
 # a pointwise op's number arguments that its kernels wrap into a 0-dim tensor operand (``gt.Scalar``'s other,
 # ``rsub.Scalar``'s, ``where.ScalarOther``'s); the rest are parameters of a one-operand kernel (``alpha``,
 # ``pow``'s exponent, ``clamp``'s bounds)
@@ -339,23 +331,6 @@ def elementwise_strides(func: Any, args: Any, kwargs: dict[str, Any], shape: tup
         result[dim] = step
         step *= shape[dim]
     return tuple(result)
-
-
-def reorder_dimensions(ndim: int, should_swap: Callable[[int, int], int]) -> list[int]:
-    """TensorIterator's order of ``ndim`` dimensions, fastest first (aten/src/ATen/TensorIterator.cpp,
-    ``reorder_dimensions``): from last to first, then an insertion sort by ``should_swap(a, b)`` (1: ``a``
-    goes after ``b``, -1: before, 0: no opinion, which leaves them and looks further)."""
-    order = list(range(ndim - 1, -1, -1))
-    for i in range(1, ndim):
-        moving = i
-        for j in range(i - 1, -1, -1):
-            comparison = should_swap(order[j], order[moving])
-            if comparison > 0:
-                order[j], order[moving] = order[moving], order[j]
-                moving = j
-            elif comparison < 0:
-                break
-    return order
 
 
 def _dense(t: torch.Tensor) -> bool:

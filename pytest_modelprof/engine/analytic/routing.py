@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import ProfileError
-from ..formulas import beneath_the_run
+from ..ops import beneath_the_run
 
 aten = torch.ops.aten
 

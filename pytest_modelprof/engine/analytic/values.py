@@ -20,7 +20,7 @@ writes through either reach both; a write whose operands are not all known makes
 written tensor, and every tensor sharing its storage, unknown.
 
 A check of a value the run does not know, whose failing branch raises at once, is taken to pass
-(:func:`passing_value`): ``torch.distributions`` validating its parameters (``if not
+(:func:`~.paths.passing_value`): ``torch.distributions`` validating its parameters (``if not
 torch._is_all_true(scale > 0): raise ValueError``), ``F.gaussian_nll_loss``'s ``if
 torch.any(var < 0): raise``, a model's ``assert (x >= 0).all()``. The real run that an analytic
 run stands for passes them, or it would not be profiled; the check's own ops are counted as run.
@@ -36,14 +36,9 @@ zero, which a real run may meet, are not followed.
 
 from __future__ import annotations
 
-import contextlib
-import dis
-import functools
 import math
-import sys
-import types
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -51,7 +46,8 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..formulas import METADATA, beneath_the_run, bound_arguments
+from ..ops import METADATA, beneath_the_run, bound_arguments
+from .paths import passing_value
 
 aten = torch.ops.aten
 
@@ -368,142 +364,6 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
         self._ops[func] = (computable, written, seeded)
         return computable, written, seeded
-
-
-@contextlib.contextmanager
-def eager_paths(known: KnownValues) -> Iterator[None]:
-    """Libraries that take a tracer's path on fake tensors take their eager path where ``known`` has the value
-    they would read, as they do in the real run that an analytic run stands for.
-
-    transformers counts a fake tensor as a trace (``is_tracing``, through ``utils.import_utils.is_fake_tensor``):
-    traced, it builds the attention mask that an eager run leaves out once it has read that the padding mask
-    is all ones, and attention runs masked where the real run's is causal. Nothing is imported: a library
-    that the model has not imported is not there to patch.
-
-    ``Tensor.__format__`` formats a 0-dim tensor as its number, but a subclass's as its repr: a fake one whose
-    value the run knows is formatted as its number (``self[f"expert_{idx}"]``, as a mixture-of-experts loop
-    names the expert it runs)."""
-    with contextlib.ExitStack() as stack:
-        module, name = sys.modules.get("transformers.utils.import_utils"), "is_fake_tensor"
-        original = getattr(module, name, None)
-        if module is not None and callable(original):
-
-            def is_fake_tensor(x: Any) -> bool:
-                return bool(original(x)) and known.value(x) is None
-
-            setattr(module, name, is_fake_tensor)
-            stack.callback(setattr, module, name, original)
-        formatted, own = FakeTensor.__format__, "__format__" in vars(FakeTensor)
-
-        def __format__(self: FakeTensor, spec: str) -> str:
-            value = known.value(self) if self.dim() == 0 else None
-            return format(value.item(), spec) if value is not None else str(formatted(self, spec))  # type: ignore[no-untyped-call]
-
-        setattr(FakeTensor, "__format__", __format__)  # noqa: B010 (a method of the class, set for the run)
-        if own:
-            stack.callback(setattr, FakeTensor, "__format__", formatted)
-        else:  # inherited from Tensor: inherited again
-            stack.callback(delattr, FakeTensor, "__format__")
-        yield
-
-
-# frames between a Python truth test and the dispatch of the read it makes: the engine's modes and torch's dispatch
-_MACHINERY = (
-    "pytest_modelprof.",
-    "torch._ops",
-    "torch._compile",
-    "torch._dynamo.eval_frame",
-    "torch.utils._python_dispatch",
-    "torch.utils._stats",
-    "torch._subclasses.",
-)
-# instructions that test a value's truth and jump on it, and whether they jump when it is true
-_TRUTH_JUMPS = {
-    name: "TRUE" in name
-    for name in (
-        "POP_JUMP_IF_TRUE",
-        "POP_JUMP_IF_FALSE",
-        "POP_JUMP_FORWARD_IF_TRUE",
-        "POP_JUMP_FORWARD_IF_FALSE",
-        "POP_JUMP_BACKWARD_IF_TRUE",
-        "POP_JUMP_BACKWARD_IF_FALSE",
-    )
-}
-
-
-def passing_value() -> bool | None:
-    """The truth value that lets the Python check now testing a tensor's truth go on without raising: the
-    frame that tests it (``if``, ``if not``, ``assert``, as written or as pytest rewrites it) jumps one way to
-    code whose every path raises, before it returns, loops or yields, and the other way to code that may go
-    on. None where the read is not such a check (both branches go on, ``bool(t)`` called, ``.item()``)."""
-    frame: types.FrameType | None = sys._getframe(1)
-    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(_MACHINERY):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    instructions, at = _instructions(frame.f_code)
-    n = at.get(frame.f_lasti)
-    if n is None:
-        return None
-    negated = False
-    for opname in ("TO_BOOL", "UNARY_NOT"):  # Python 3.13's explicit conversion, and a `not` the compiler kept
-        if instructions[n].opname == opname and n + 1 < len(instructions):
-            negated ^= opname == "UNARY_NOT"
-            n += 1
-    jump = instructions[n]
-    if jump.opname not in _TRUTH_JUMPS or jump.argval not in at:
-        return None
-    paths = _Paths(instructions, at)
-    raises_if_taken, raises_if_not = paths.all_raise(at[jump.argval]), paths.all_raise(n + 1)
-    if raises_if_taken == raises_if_not:
-        return None
-    tested = _TRUTH_JUMPS[jump.opname] != raises_if_taken  # the tested value that goes the other way
-    return tested != negated
-
-
-@functools.lru_cache(maxsize=256)
-def _instructions(code: types.CodeType) -> tuple[list[dis.Instruction], dict[int, int]]:
-    """``code``'s instructions, and the index of each by its offset (a check in a loop is read once)."""
-    instructions = list(dis.get_instructions(code))
-    return instructions, {instruction.offset: n for n, instruction in enumerate(instructions)}
-
-
-_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs) | frozenset(getattr(dis, "hasjump", ()))
-_ENDS = ("RETURN", "RERAISE", "YIELD", "SEND", "FOR_ITER", "END_ASYNC_FOR")  # a path that goes on elsewhere
-
-
-class _Paths:
-    """The forward paths through a code object's instructions."""
-
-    def __init__(self, instructions: list[dis.Instruction], at: dict[int, int]) -> None:
-        self.instructions, self.at = instructions, at
-        self.memo: dict[int, bool] = {}
-        self.budget = 4096  # instructions looked at, in all: a longer failing branch is not called a check
-
-    def all_raise(self, n: int) -> bool:
-        """Whether every path from ``instructions[n]`` raises before it returns, jumps back or yields."""
-        if n in self.memo:
-            return self.memo[n]
-        start, raises = n, False
-        self.memo[start] = False
-        while n < len(self.instructions) and self.budget > 0:
-            self.budget -= 1
-            instruction = self.instructions[n]
-            if instruction.opname == "RAISE_VARARGS":
-                raises = True
-                break
-            if instruction.opname.startswith(_ENDS):
-                break
-            if instruction.opcode in _JUMPS:
-                target = self.at.get(instruction.argval) if isinstance(instruction.argval, int) else None
-                if target is None or target <= n:  # a loop, or a target not seen
-                    break
-                conditional = "IF" in instruction.opname
-                raises = self.all_raise(target) and (not conditional or self.all_raise(n + 1))
-                break
-            n += 1
-        self.memo[start] = raises
-        return raises
 
 
 def _pad_packed(

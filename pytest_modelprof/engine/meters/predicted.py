@@ -8,10 +8,10 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
+from ..formulas import FormulaTable, cost_of
 from ..targets.cost import COMPUTE_KINDS, Bound, StepClock, Work, foreach_kernels, gemms_of, kind_of, norm_work, rnn_kernels
 from ..targets.gpus import GPUSpec
 from . import Meter, Op
-from .flops import FormulaTable, cost_of
 
 if TYPE_CHECKING:
     from ..analytic.fake import RunTensors

@@ -28,8 +28,8 @@ from torch.utils._pytree import tree_flatten
 
 from ...results import Phase
 from ..analytic.backward import SavedTensors, current_node, in_backward
-from ..formulas import METADATA
 from ..meters import Meter, Op, overrides
+from ..ops import METADATA
 from .modules import ROOT, ModuleTracker, StackKey
 
 

@@ -38,6 +38,8 @@ import bisect
 import os
 import re
 
+from .gpus import cublas_workspace_default
+
 BLOCK = 512
 SMALL_REQUEST = 1 << 20  # requests up to 1 MiB: small pool
 SMALL_SEGMENT = 2 << 20
@@ -136,13 +138,13 @@ def reserved_bytes(events: list[tuple[int, int]]) -> int:
 def cublas_workspace_bytes(capability: tuple[int, int]) -> int:
     """The cuBLAS workspace of one handle and stream on a GPU of ``capability``:
     ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE_KiB:COUNT`` entries, sizes summed), else torch's
-    default (32 MiB on Hopper, sm_90; 8 MiB + 128 KiB elsewhere)."""
+    default for the architecture (:class:`.gpus.Architecture`: 32 MiB on Hopper, sm_90; 8 MiB + 128 KiB elsewhere)."""
     config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if config:
         sizes = [int(size) for size, _ in re.findall(r":(\d+):(\d+)", config)]
         if sizes:
             return sum(sizes) * 1024
-    return 4096 * 8 * 1024 if capability == (9, 0) else 4096 * 1024 * 2 + 16 * 1024 * 8
+    return cublas_workspace_default(capability)
 
 
 def lt_workspace_bytes() -> int:

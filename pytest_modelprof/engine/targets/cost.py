@@ -39,6 +39,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
+from ..ops import REGISTRY
 from .gpus import Calibration, GPUSpec
 
 Kind = Literal[
@@ -59,42 +60,9 @@ KINDS: tuple[Kind, ...] = (
 )  # the kinds of kernels, each with its efficiency ("none": no kernel)
 COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_backward", "attention", "rnn"})  # on tensor cores
 
-_MATMUL = "mm addmm bmm baddbmm addbmm _scaled_mm _grouped_mm addmv mv dot vdot addr _addmm_activation".split()
-_CONV = "convolution convolution_backward cudnn_convolution cudnn_convolution_transpose _convolution".split()
-_ATTENTION = [
-    f"{base}{suffix}"
-    for base in (
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_flash_attention",
-        "_efficient_attention",
-        "_cudnn_attention",
-    )
-    for suffix in ("", "_backward", "_forward")
-]
-_RNN = ["_cudnn_rnn", "_cudnn_rnn_backward"]
-_NORM = """native_batch_norm _native_batch_norm_legit _native_batch_norm_legit_no_training _native_batch_norm_legit_functional
-_batch_norm_with_update _batch_norm_no_update cudnn_batch_norm miopen_batch_norm native_batch_norm_backward
-batch_norm_backward cudnn_batch_norm_backward miopen_batch_norm_backward native_layer_norm native_layer_norm_backward
-native_group_norm native_group_norm_backward _fused_rms_norm _fused_rms_norm_backward""".split()
-# ops that launch no kernel: views, aliases, allocation without initialisation
-_NO_KERNEL = """view _unsafe_view reshape _reshape_alias expand expand_as permute transpose t squeeze unsqueeze
-slice select as_strided alias detach split split_with_sizes unsafe_split unsafe_split_with_sizes chunk unbind
-narrow unfold view_as_real view_as_complex _conj _neg_view lift_fresh empty empty_like empty_strided new_empty
-new_empty_strided _local_scalar_dense item set_ resize_ diagonal""".split()
-
-KIND_OF: dict[str, Kind] = {
-    **{f"aten.{n}{s}": "matmul" for n in _MATMUL for s in ("", "_")},
-    **{f"aten.{n}": "conv" for n in _CONV},
-    **{f"aten.{n}": "attention" for n in _ATTENTION},
-    **{f"aten.{n}": "rnn" for n in _RNN},
-    **{f"aten.{n}": "norm_backward" if n.endswith("_backward") else "norm" for n in _NORM},
-    "aten._conv_depthwise2d": "conv_narrow",
-    "aten.conv_depthwise3d": "conv_narrow",
-    **{f"aten.{n}": "none" for n in _NO_KERNEL},
-}
-SYNCHRONIZING = frozenset({"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select", "aten.unique"})
+# the op registry's kernels (:attr:`~..ops.OpInfo.kernel`) by op name, those of the kind "memory" left out
+KIND_OF: dict[str, Kind] = {info.name: info.kernel for info in REGISTRY.values() if info.kernel != "memory"}
+SYNCHRONIZING = frozenset(info.name for info in REGISTRY.values() if info.synchronizing)
 
 
 def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:

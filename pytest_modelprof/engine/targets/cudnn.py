@@ -19,7 +19,7 @@ PyTorch would run. Where no such cuDNN can be loaded (a CPU-only build of PyTorc
 
 The GPU is described (:class:`Device`: a target's :class:`.gpus.GPUSpec`, or on a machine with
 a GPU the device itself, for the modelled figures beside the measured ones) by its SM count,
-compute capability and memory and the limits its architecture sets (shared memory, threads and
+compute capability and memory and the limits its architecture sets (:data:`.gpus.ARCHITECTURES`: shared memory, threads and
 blocks per SM); the heuristics were found insensitive to the clocks, the L2 size and the driver
 version. The workspaces are those of the cuDNN that runs here: a GPU machine with another cuDNN
 may choose other engines.
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for, suggest_memory_format
 
-from .gpus import GPUSpec
+from .gpus import ARCHITECTURES, GPUSpec, architecture
 
 MIN_VERSION = 90800  # the device-properties descriptor
 
@@ -70,20 +70,6 @@ _DATA_TYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloa
 
 FORWARD, BACKWARD_DATA, BACKWARD_FILTER = "forward", "backward_data", "backward_filter"
 _OPERATIONS = {FORWARD: _FORWARD, BACKWARD_DATA: _BACKWARD_DATA, BACKWARD_FILTER: _BACKWARD_FILTER}
-
-# what a compute capability fixes of a GPU (CUDA C Programming Guide, technical specifications):
-# shared memory per block with opt-in, threads per SM, blocks per SM
-_ARCHITECTURE = {
-    (7, 0): (98304, 2048, 32),
-    (7, 5): (65536, 1024, 16),
-    (8, 0): (166912, 2048, 32),
-    (8, 6): (101376, 1536, 16),
-    (8, 7): (166912, 1536, 16),
-    (8, 9): (101376, 1536, 24),
-    (9, 0): (232448, 2048, 32),
-    (10, 0): (232448, 2048, 32),
-    (12, 0): (101376, 1536, 32),
-}
 
 
 @dataclass(frozen=True)
@@ -144,7 +130,9 @@ def alignment(tensor: torch.Tensor) -> int:
 def device_properties(gpu: Device) -> dict[str, Any]:
     """The JSON description of ``gpu`` that cuDNN's device-properties descriptor takes."""
     major, minor = gpu.capability
-    shared, threads, blocks = _ARCHITECTURE.get((major, minor), _ARCHITECTURE[(9, 0)] if major >= 9 else _ARCHITECTURE[(8, 6)])
+    # a capability the table does not list is described as the nearest architecture: Hopper from 9.0 on, else sm_86
+    row = architecture(gpu.capability) or ARCHITECTURES[(9, 0) if major >= 9 else (8, 6)]
+    shared, threads, blocks = row.shared_memory_per_block, row.threads_per_sm, row.blocks_per_sm
     return {
         "maxGridSize": [2**31 - 1, 65535, 65535],
         "maxBlockSize": [1024, 1024, 64],

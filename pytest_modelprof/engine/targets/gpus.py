@@ -13,6 +13,11 @@ direction (the reference systems': one 400 Gb/s InfiniBand NIC per GPU on DGX/HG
 H200, 200 Gb/s on DGX A100, 100 Gb/s per node of eight PCIe cards), for the time of a sharded
 step's collectives (``profile(world_size=..., target=...)``).
 
+What a GPU's compute capability fixes (threads and shared memory per SM, torch's cuBLAS workspace)
+is one :class:`Architecture` row of :data:`ARCHITECTURES`, which the allocator, cuDNN's description of
+the GPU, kernel scratch and the CUDA kernel choices read. Adding a GPU is one entry in :data:`GPUS`
+(and, for a new architecture, one row in :data:`ARCHITECTURES`).
+
 A GPU that is not in the table is a :class:`GPUSpec` of your own, passed as ``target=``.
 """
 
@@ -80,6 +85,71 @@ class Calibration:
 UNCALIBRATED = Calibration()
 
 
+# torch's cuBLAS workspace per handle and stream where ``CUBLAS_WORKSPACE_CONFIG`` is not set
+# (aten/src/ATen/cuda/CublasHandlePool.cpp): 8 MiB + 128 KiB, 32 MiB on Hopper
+DEFAULT_CUBLAS_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What a compute capability fixes of a GPU, for the kernel choices and allocations modelled on it:
+    ``shared_memory_per_block`` (bytes a block can opt in to), ``threads_per_sm`` and ``blocks_per_sm``
+    (CUDA C Programming Guide, technical specifications per compute capability); ``small_shared_memory``:
+    its blocks opt in to about 100 KiB, not 164-228 KiB, so the memory-efficient attention backward
+    kernels that need more are not offered; ``cublas_workspace_bytes``: torch's default cuBLAS workspace
+    on it."""
+
+    shared_memory_per_block: int
+    threads_per_sm: int
+    blocks_per_sm: int
+    small_shared_memory: bool = False
+    cublas_workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE
+
+
+# by compute capability; a new architecture is one row
+ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
+    {
+        (7, 0): Architecture(shared_memory_per_block=98304, threads_per_sm=2048, blocks_per_sm=32),
+        (7, 5): Architecture(shared_memory_per_block=65536, threads_per_sm=1024, blocks_per_sm=16, small_shared_memory=True),
+        (8, 0): Architecture(shared_memory_per_block=166912, threads_per_sm=2048, blocks_per_sm=32),
+        (8, 6): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=16, small_shared_memory=True),
+        (8, 7): Architecture(shared_memory_per_block=166912, threads_per_sm=1536, blocks_per_sm=16, small_shared_memory=True),
+        (8, 9): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=24, small_shared_memory=True),
+        (9, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32, cublas_workspace_bytes=4096 * 8 * 1024),
+        (10, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32),
+        (12, 0): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True),
+        # described to cuDNN as Hopper is (the table had no row of its own for it); small as sm_120
+        (12, 1): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32, small_shared_memory=True),
+    }
+)
+
+
+def architecture(capability: tuple[int, int]) -> Architecture | None:
+    """The row of :data:`ARCHITECTURES` for ``capability``; ``None`` for one the table does not list."""
+    return ARCHITECTURES.get((capability[0], capability[1]))
+
+
+def threads_per_sm(capability: tuple[int, int]) -> int:
+    """The threads an SM of ``capability`` holds, as the engine's launch models and device queries take
+    them: the table's figure; 2048 for a capability it does not list, and for sm_87, whose row only
+    cuDNN's description of the GPU reads (the two tables this one replaces disagreed there: kept as
+    they were, every figure unchanged)."""
+    row = architecture(capability)
+    return 2048 if row is None or (capability[0], capability[1]) == (8, 7) else row.threads_per_sm
+
+
+def small_shared_memory(capability: tuple[int, int]) -> bool:
+    """Whether a block on ``capability`` opts in to about 100 KiB of shared memory only (:class:`Architecture`)."""
+    row = architecture(capability)
+    return row is not None and row.small_shared_memory
+
+
+def cublas_workspace_default(capability: tuple[int, int]) -> int:
+    """torch's default cuBLAS workspace per handle and stream on ``capability`` (bytes)."""
+    row = architecture(capability)
+    return row.cublas_workspace_bytes if row is not None else DEFAULT_CUBLAS_WORKSPACE
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     """One GPU model (see the module's notes for what each figure means)."""
@@ -103,21 +173,6 @@ class GPUSpec:
         if len(self.compute_capability) != 2:
             raise ValueError(f"GPUSpec {self.name!r}: compute_capability is (major, minor), got {self.compute_capability!r}")
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
-
-
-def _spec(
-    name: str,
-    mib: int,
-    bandwidth: float,
-    flops: dict[str, float],
-    sms: int,
-    cc: tuple[int, int],
-    link: float,
-    calibration: Calibration = UNCALIBRATED,
-    network: float = 100 / 8 / 8,
-) -> GPUSpec:
-    """``link`` and ``network`` in GB/s (``network``: Gb/s per GPU / 8); by default 100 Gb/s for a node of eight."""
-    return GPUSpec(name, mib * MiB, bandwidth, {k: v * T for k, v in flops.items()}, sms, cc, link * G, calibration, 8, network * G)
 
 
 # fitted by benchmarks/predicted_vs_h100.py on the kernel and step times of the nine H100
@@ -146,44 +201,104 @@ H100_CALIBRATION = Calibration(
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11)",
 )
 
-_HOPPER = {"float64": 67, "float32": 67, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8": 1978.9}
-_AMPERE = {"float64": 19.5, "float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312}
+# peak FLOP/s per dtype (TFLOP/s, dense), the datasheets' figures
+_HOPPER = {"float64": 67, "float32": 67, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8": 1978.9}  # H100 SXM5
+_AMPERE = {"float64": 19.5, "float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312}  # A100 SXM4
+
+
+def _teraflops(figures: Mapping[str, float]) -> dict[str, float]:
+    return {dtype: flops * T for dtype, flops in figures.items()}
+
+
+# bytes/s per direction of one 100 Gb/s NIC shared by a node's eight GPUs: the network of a node of PCIe cards
+_SHARED_NIC = 100 / 8 / 8 * G
 
 GPUS: Mapping[str, GPUSpec] = MappingProxyType(
     {
         spec.name: spec
         for spec in (
-            _spec("h100", 81559, 3.35e12, _HOPPER, 132, (9, 0), 450, H100_CALIBRATION, 400 / 8),  # H100 SXM5 80GB, NVLink 4, NDR
-            _spec(
-                "h100-pcie",
-                81559,
-                2.0e12,
-                {"float64": 51.2, "float32": 51.2, "tf32": 378, "bfloat16": 756, "float16": 756, "float8": 1513},
-                114,
-                (9, 0),
-                64,
+            GPUSpec(  # H100 SXM5 80GB, NVLink 4, NDR
+                name="h100",
+                memory_bytes=81559 * MiB,
+                bandwidth=3.35e12,
+                peak_flops=_teraflops(_HOPPER),
+                sm_count=132,
+                compute_capability=(9, 0),
+                interconnect=450 * G,
+                calibration=H100_CALIBRATION,
+                network=400 / 8 * G,
             ),
-            _spec("h200", 143771, 4.8e12, _HOPPER, 132, (9, 0), 450, network=400 / 8),  # H200 SXM 141GB
-            _spec("a100-80gb", 81920, 2.039e12, _AMPERE, 108, (8, 0), 300, network=200 / 8),  # A100 SXM4 80GB, NVLink 3, HDR
-            _spec("a100-40gb", 40960, 1.555e12, _AMPERE, 108, (8, 0), 300, network=200 / 8),
-            _spec(
-                "l4",
-                23034,
-                300e9,
-                {"float64": 0.47, "float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "float8": 242.5},
-                58,
-                (8, 9),
-                32,
+            GPUSpec(
+                name="h100-pcie",
+                memory_bytes=81559 * MiB,
+                bandwidth=2.0e12,
+                peak_flops=_teraflops({"float64": 51.2, "float32": 51.2, "tf32": 378, "bfloat16": 756, "float16": 756, "float8": 1513}),
+                sm_count=114,
+                compute_capability=(9, 0),
+                interconnect=64 * G,
+                network=_SHARED_NIC,
             ),
-            _spec("a10g", 23028, 600e9, {"float64": 0.98, "float32": 31.2, "tf32": 35, "bfloat16": 70, "float16": 70}, 80, (8, 6), 32),
-            _spec(
-                "rtx4090",
-                24564,
-                1008e9,
-                {"float64": 1.29, "float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2, "float8": 330.3},
-                128,
-                (8, 9),
-                32,
+            GPUSpec(  # H200 SXM 141GB
+                name="h200",
+                memory_bytes=143771 * MiB,
+                bandwidth=4.8e12,
+                peak_flops=_teraflops(_HOPPER),
+                sm_count=132,
+                compute_capability=(9, 0),
+                interconnect=450 * G,
+                network=400 / 8 * G,
+            ),
+            GPUSpec(  # A100 SXM4 80GB, NVLink 3, HDR
+                name="a100-80gb",
+                memory_bytes=81920 * MiB,
+                bandwidth=2.039e12,
+                peak_flops=_teraflops(_AMPERE),
+                sm_count=108,
+                compute_capability=(8, 0),
+                interconnect=300 * G,
+                network=200 / 8 * G,
+            ),
+            GPUSpec(
+                name="a100-40gb",
+                memory_bytes=40960 * MiB,
+                bandwidth=1.555e12,
+                peak_flops=_teraflops(_AMPERE),
+                sm_count=108,
+                compute_capability=(8, 0),
+                interconnect=300 * G,
+                network=200 / 8 * G,
+            ),
+            GPUSpec(
+                name="l4",
+                memory_bytes=23034 * MiB,
+                bandwidth=300e9,
+                peak_flops=_teraflops({"float64": 0.47, "float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "float8": 242.5}),
+                sm_count=58,
+                compute_capability=(8, 9),
+                interconnect=32 * G,
+                network=_SHARED_NIC,
+            ),
+            GPUSpec(
+                name="a10g",
+                memory_bytes=23028 * MiB,
+                bandwidth=600e9,
+                peak_flops=_teraflops({"float64": 0.98, "float32": 31.2, "tf32": 35, "bfloat16": 70, "float16": 70}),
+                sm_count=80,
+                compute_capability=(8, 6),
+                interconnect=32 * G,
+                network=_SHARED_NIC,
+            ),
+            GPUSpec(
+                name="rtx4090",
+                memory_bytes=24564 * MiB,
+                bandwidth=1008e9,
+                peak_flops=_teraflops(
+                    {"float64": 1.29, "float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2, "float8": 330.3}
+                ),
+                sm_count=128,
+                compute_capability=(8, 9),
+                interconnect=32 * G,
+                network=_SHARED_NIC,
             ),
         )
     }

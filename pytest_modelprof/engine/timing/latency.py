@@ -55,7 +55,7 @@ from torch.utils._pytree import tree_flatten
 from ..._format import plain
 from ...results import LatencyReport, cpu_was_shared
 from ..errors import ProfileError
-from ..formulas import bound_arguments
+from ..ops import bound_arguments
 
 MIN_SAMPLE_SECONDS = 5e-3  # a repeat runs calls back to back until it lasts this long
 MAX_REPEATS = 100_000

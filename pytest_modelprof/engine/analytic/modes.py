@@ -1,0 +1,110 @@
+"""The mode stack of an analytic run: every dispatch mode and patch a step on fake tensors runs under, in one place.
+
+A dispatch mode entered later sits above one entered earlier: an op the model calls reaches the
+run's meters first (their dispatcher is entered by the run, above everything here), then the
+modes below from the last entered to the first, and the fake mode last. :func:`analytic_modes`
+enters them in this order, from the bottom of the stack up:
+
+1. **the fake mode**, beneath everything: the run's tensors are its fake tensors, and an op that
+   reaches it runs its meta kernel. :func:`~.fake.quiet_meta_failures` keeps the failure its
+   meta kernel logs from reaching stderr (the engine reports the error with its module);
+2. :class:`~.routing.Routing`, right above the fake mode: it sizes a router's masks, and gives the
+   values it decides (the experts a balanced router hits) to the known values above it;
+3. patches that change no dispatch: ``nn.TransformerEncoder`` off its nested-tensor path (fake
+   tensors cannot be nested), and the meta kernels PyTorch lacks (:func:`~.fake.analytic_meta_kernels`);
+4. :class:`~.kernel_outputs.KernelOutputs`: the storage and layout a real kernel gives its outputs,
+   beneath the target's kernel choices and the values, so that every mode above (the meters
+   included) sees an op's outputs as the kernel made them;
+5. :class:`~.cuda.CudaKernels`, for a target GPU only: the kernels that GPU would choose
+   (attention backend, cuDNN recurrent layers, fused paths, device queries), beneath every meter,
+   so the meters count the kernels the target runs; its choices that read values read them from
+   the known values, which it is given before they are entered;
+6. :class:`~.values.KnownValues`, the topmost mode here, right beneath the meters: it works out the
+   values of small tensors made from constants and real inputs, and answers the reads of them;
+7. patches that read those values: libraries' eager paths (:func:`~.paths.eager_paths`), modules
+   converted in place (:func:`~.fake.conversions_in_place`), and ``F.one_hot`` run as the device's
+   kernel (:func:`~.fake.device_one_hot`).
+
+The workload enters one more guard itself, after the optimizer's state is made and in-place gradients
+are zeroed: :func:`attributes_kept`, which keeps what the model records on itself as it runs on fake
+tensors from staying on the caller's model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..targets.gpus import GPUSpec
+from .cuda import CudaKernels
+from .fake import analytic_meta_kernels, conversions_in_place, device_one_hot, quiet_meta_failures
+from .kernel_outputs import KernelOutputs
+from .paths import eager_paths
+from .routing import Routing
+from .values import KnownValues
+
+
+@contextlib.contextmanager
+def analytic_modes(
+    fake_mode: FakeTensorMode, model: nn.Module, gpu: GPUSpec | None, sources: Iterable[tuple[torch.Tensor, torch.Tensor]]
+) -> Iterator[KnownValues]:
+    """The stack an analytic step of ``model`` runs under (see the module's notes for its order), undone on exit;
+    its known values. ``sources``: the run's fake inputs and buffers beside the real tensors they stand for;
+    ``gpu``: the target GPU, whose kernel choices the run makes (None: the fake tensors' own device's)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fake_mode)
+        stack.enter_context(quiet_meta_failures())
+        routing = stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
+        stack.enter_context(_dense_encoders(model))
+        stack.enter_context(analytic_meta_kernels())
+        stack.enter_context(KernelOutputs())  # outputs whose storage the kernel sizes otherwise than the meta kernel
+        known = KnownValues(sources, routing.decided)  # values that follow from constants and inputs
+        if gpu is not None:  # the target GPU's kernel choices, beneath every meter
+            stack.enter_context(CudaKernels(gpu, known.value))
+        stack.enter_context(known)
+        stack.enter_context(eager_paths(known.value))
+        stack.enter_context(conversions_in_place())
+        stack.enter_context(device_one_hot(known.value))
+        yield known
+
+
+@contextlib.contextmanager
+def _dense_encoders(model: nn.Module) -> Iterator[None]:
+    """``nn.TransformerEncoder`` without its nested-tensor path, for an analytic run (fake tensors cannot be
+    nested): in eval with a padding mask it then runs on the padded batch, which a real run packs."""
+    encoders = [m for m in model.modules() if isinstance(m, nn.TransformerEncoder) and m.use_nested_tensor]
+    for encoder in encoders:
+        encoder.use_nested_tensor = False
+    try:
+        yield
+    finally:
+        for encoder in encoders:
+            encoder.use_nested_tensor = True
+
+
+@contextlib.contextmanager
+def attributes_kept(named_modules: list[tuple[str, nn.Module]]) -> Iterator[None]:
+    """Each module's own attributes as they were before an analytic run: a model that records its state as it
+    runs (RWKV sets ``layers_are_rescaled`` once it has rescaled its weights; models cache tables on
+    themselves) changed fake tensors, not the caller's, so the caller's model must not keep the record
+    (nor fake tensors). Attributes the run added are removed, those it replaced put back; objects changed in
+    place (a module's ``_modules``: a module swapped in) are left as they are. A real run is left as eager
+    use leaves it: its parameters may be the caller's own (a training step without an optimizer)."""
+    modules = list({id(module): module for _, module in named_modules}.values())
+    before = [(vars(module), dict(vars(module))) for module in modules]
+    try:
+        yield
+    finally:
+        for now, attributes in before:
+            for name in [name for name in now if name not in attributes]:
+                del now[name]
+            for name, value in attributes.items():
+                if now.get(name, _GONE) is not value:
+                    now[name] = value
+
+
+_GONE = object()

@@ -1,0 +1,35 @@
+"""What holds for a call of any ATen op: its arguments by name, and work done beneath the run."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+
+def bound_arguments(func: Any, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments by the names of ``func``'s schema; one the call left out (the dispatcher drops
+    trailing arguments equal to their defaults) is its default. Without a schema: none."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return {}
+    bound: dict[str, Any] = {}
+    for index, argument in enumerate(schema.arguments):
+        if index < len(args):
+            bound[argument.name] = args[index]
+        elif argument.name in kwargs:
+            bound[argument.name] = kwargs[argument.name]
+        else:
+            bound[argument.name] = argument.default_value if argument.has_default_value() else None
+    return bound
+
+
+@contextlib.contextmanager
+def beneath_the_run() -> Iterator[None]:
+    """Tensor work that is no op of the step: beneath the run's dispatch and function modes, untracked
+    by autograd."""
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+        yield
