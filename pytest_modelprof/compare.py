@@ -105,10 +105,16 @@ class FailOn:
         return f"{row.name}: {self.metric.key} {_show(change)} ({self.text})"
 
 
+def signed(metric: Metric, amount: float) -> str:
+    """A change of ``amount`` (in ``metric``'s unit) with its sign, in plain notation as the
+    metric's cells show figures: ``+4,096``, ``-0.00003277``, never ``+3.277e-05``."""
+    return ("-" if amount < 0 else "+") + metric.cell(abs(amount))
+
+
 def _show(change: Change) -> str:
     assert change.base is not None and change.head is not None and change.absolute is not None
     metric = change.metric
-    shown = f"{metric.cell(change.base)} -> {metric.cell(change.head)} {metric.unit}, {change.absolute:+.6g}"
+    shown = f"{metric.cell(change.base)} -> {metric.cell(change.head)} {metric.unit}, {signed(metric, change.absolute)}"
     return shown + (f", {change.relative:+.2%}" if change.relative is not None and math.isfinite(change.relative) else "")
 
 

@@ -1,33 +1,20 @@
-"""Per-session state: the profiles tests made, their verdicts, xdist merging, and what
-the end of the session writes (baselines, JSON artifacts)."""
+"""Per-session state: the profiles tests made, their verdicts, xdist merging and the merging of
+shards' artifacts, and what the end of the session writes (baselines; the JSON artifacts
+through :mod:`.artifacts`)."""
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import importlib.metadata
 import json
-import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .artifacts import ArtifactError, Artifacts, write_artifacts
 from .budgets import NEW, REGRESSED, STALE, UNCHANGED, UPDATED, BudgetError, Budgets, Finding, Verdict, check, update_files
 from .budgets.load import shown_path
 from .metrics import LIMITED, METRICS
 from .report.summary import SummaryRow, format_table, summary_row
 from .results import Profile
-
-SCHEMA_VERSION = 2  # of the JSON artifacts (session.json and one file per profile)
-
-
-def project_version() -> str:
-    """This package's version, recorded in the artifacts: shards made by different versions are not merged."""
-    try:
-        return importlib.metadata.version("pytest-modelprof")
-    except importlib.metadata.PackageNotFoundError:  # imported from a source tree that was never installed
-        return "unknown"
 
 
 @dataclass
@@ -281,36 +268,16 @@ class ModelprofSession:
 
     def write_json(self, directory: Path) -> None:
         """One JSON file per profile and ``session.json``, as the shipped schema describes."""
-        directory.mkdir(parents=True, exist_ok=True)
-        entries = []
-        for record in sorted(self.records.values(), key=lambda r: r.name):
-            file = artifact_name(record.name)
-            document = {
-                "schema_version": SCHEMA_VERSION,
-                "name": record.name,
-                "nodeid": record.nodeid,
-                "status": record.verdict.status,
-                "budget": _where(record.verdict),
-                "findings": [_finding(f) for f in record.verdict.findings],
-                "notes": record.verdict.notes,
-                "profile": record.profile.to_dict(),
-            }
-            (directory / file).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-            entries.append({"name": record.name, "status": record.verdict.status, "file": file})
-        counts: dict[str, int] = {}
-        for verdict in self.verdicts():
-            counts[verdict.status] = counts.get(verdict.status, 0) + 1
-        summary = {
-            "schema_version": SCHEMA_VERSION,
-            "modelprof_version": project_version(),
-            "coverage": self.coverage.to_json(),
-            "budgets": shown_path(self.budgets.directory, self.budgets.root).as_posix(),
-            "profiles": entries,
-            "stale": self.stale,
-            "counts": counts,
-            "updated_files": [str(shown_path(p, self.budgets.root)) for p in self.written],
-        }
-        (directory / "session.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        records = sorted(self.records.values(), key=lambda r: r.name)
+        write_artifacts(
+            directory,
+            [(r.name, r.nodeid, r.profile, r.verdict) for r in records],
+            self.verdicts(),
+            coverage=self.coverage.to_json(),
+            budgets=self.budgets,
+            stale=self.stale,
+            written=self.written,
+        )
 
 
 def remedies(regressions: list[Finding]) -> list[str]:
@@ -325,106 +292,7 @@ def remedies(regressions: list[Finding]) -> list[str]:
     return hints
 
 
-def artifact_name(name: str) -> str:
-    """A file name for a profile: readable, safe on every OS, and distinct for distinct names."""
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:80] or "profile"
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{readable}-{digest}.json"
-
-
-def _where(verdict: Verdict) -> dict[str, Any] | None:
-    return None if verdict.path is None else {"file": str(verdict.path), "line": verdict.line}
-
-
-def _finding(finding: Any) -> dict[str, Any]:
-    return {
-        "metric": finding.metric,
-        "limit": finding.limit,
-        "measured": finding.measured,
-        "reference": finding.reference,
-        "allowed": finding.allowed,
-        "status": finding.status,
-        "file": str(finding.path),
-        "line": finding.line,
-        "message": finding.message(),
-        "interval": list(finding.interval) if finding.interval is not None else None,
-        "note": finding.note,
-        "reason": finding.reason,
-    }
-
-
-# reading artifacts back: merging the shards of a matrix ---------------------------
-
-
-class ArtifactError(ValueError):
-    """An artifact directory or file that cannot be read or merged; the message names the file."""
-
-
-@dataclass
-class Artifacts:
-    """One session's JSON artifacts (``--modelprof-json DIR``), read back and validated."""
-
-    directory: Path
-    version: str  # the pytest-modelprof version that wrote them
-    budgets: str  # the budget directory, relative to the rootdir
-    coverage: dict[str, Any]
-    records: list[tuple[str, str, Profile]] = field(default_factory=list)  # name, node id, profile
-    files: dict[str, Path] = field(default_factory=dict)  # profile name -> its file
-
-
-@functools.cache
-def _validator(name: str) -> Any:
-    import jsonschema  # a dependency, imported when artifacts are read back (not by every pytest run)
-
-    schema = json.loads(resources.files(__package__).joinpath("schema", name).read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator(schema)
-
-
-def read_json(path: Path, schema: str) -> dict[str, Any]:
-    """A JSON artifact, validated against the shipped ``schema``; raises ArtifactError naming the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ArtifactError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ArtifactError(f"{path}: cannot be read: {error}") from None
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ArtifactError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
-    if isinstance(document, dict) and document.get("schema_version") != SCHEMA_VERSION:
-        found = document.get("schema_version")
-        raise ArtifactError(
-            f"{path}: artifacts of schema version {found!r}, this pytest-modelprof ({project_version()}) reads version "
-            f"{SCHEMA_VERSION}: make them again with this version"
-        )
-    import jsonschema
-
-    problem = jsonschema.exceptions.best_match(_validator(schema).iter_errors(document))
-    if problem is not None:
-        where = problem.json_path if problem.path else "the document"
-        raise ArtifactError(f"{path}: not a pytest-modelprof {schema.partition('.')[0]} artifact: at {where}: {problem.message[:200]}")
-    return document  # type: ignore[no-any-return]
-
-
-def read_artifacts(directory: Path) -> Artifacts:
-    """The artifacts one session wrote into ``directory``: ``session.json`` and the profile files it lists."""
-    if not directory.is_dir():
-        raise ArtifactError(f"{directory}: not a directory of pytest-modelprof artifacts (--modelprof-json DIR)")
-    session = read_json(directory / "session.json", "session.schema.json")
-    artifacts = Artifacts(directory, session["modelprof_version"], session["budgets"], session["coverage"])
-    for entry in session["profiles"]:
-        path = directory / entry["file"]
-        document = read_json(path, "profile.schema.json")
-        if document["name"] != entry["name"]:
-            raise ArtifactError(f"{path}: holds profile {document['name']!r}, session.json lists it as {entry['name']!r}")
-        try:
-            profile = Profile.from_dict(document["profile"])
-        except (TypeError, ValueError, KeyError) as error:
-            raise ArtifactError(f"{path}: the profile cannot be read: {type(error).__name__}: {error}") from None
-        artifacts.records.append((document["name"], document["nodeid"], profile))
-        artifacts.files[document["name"]] = path
-    return artifacts
+# merging the shards of a matrix ---------------------------------------------------
 
 
 def merge_sessions(shards: list[Artifacts], budgets: Budgets, *, update: bool, prune: bool, strict: bool) -> ModelprofSession:

@@ -1,5 +1,6 @@
 """The modelprof command, called as a user would."""
 
+import argparse
 import csv
 import io
 import json
@@ -14,7 +15,8 @@ import torch
 from torch import nn
 
 from pytest_modelprof import profile
-from pytest_modelprof.cli import build_parser, main, progress
+from pytest_modelprof.cli import COMMANDS, build_parser, main
+from pytest_modelprof.cli.output import progress
 
 SMALL = ["torchvision.models:resnet18", "--input", "1x3x64x64", "--kw", "num_classes=10"]
 
@@ -150,9 +152,13 @@ def test_a_budget_regression_exits_1_and_an_internal_fault_3(tmp_path, monkeypat
     def fault(*args, **kwargs):
         raise KeyError("a bug")
 
-    monkeypatch.setattr("pytest_modelprof.cli.format_header", fault)
+    monkeypatch.setattr("pytest_modelprof.cli.output.format_header", fault)
     assert main(SMALL, out=io.StringIO()) == 3
-    assert capsys.readouterr().err == "modelprof: internal error: KeyError: 'a bug' (run again with --traceback for the details)\n"
+    # the last line: on a busy machine the progress line of a slow profile may come first
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == "modelprof: internal error: KeyError: 'a bug' (run again with --traceback for the details)"
+    )
 
 
 def test_unavailable_device(capsys):
@@ -210,15 +216,39 @@ def test_budget_check(tmp_path):
     assert run(*SMALL, "--budgets", str(budgets), "--name", "resnet18")[0] == 0
 
 
-def test_help_lists_every_option(capsys):
+def _subcommands(parser):
+    return next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices
+
+
+def test_help_lists_the_subcommands(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for action in build_parser()._actions:
+    assert set(_subcommands(build_parser())) == set(COMMANDS)
+    for command in COMMANDS:
+        assert f"    {command}" in text
+    assert "without the word profile, is `modelprof profile MODEL" in text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_subcommand_s_help_lists_every_option(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: modelprof {command} ")
+    for action in _subcommands(build_parser())[command]._actions:
         for flag in action.option_strings:
             assert flag in text
-    assert "examples:" in text and "package.module:callable" in text
+    if command == "profile":
+        assert "examples:" in text and "package.module:callable" in text
+
+
+def test_a_model_without_a_subcommand_is_profiled(capsys):
+    shorthand, full = run(*SMALL, "--raw", "--top", "3"), run("profile", *SMALL, "--raw", "--top", "3")
+    assert shorthand[0] == full[0] == 0
+    assert shorthand[1] == full[1]
 
 
 def test_progress_is_shown_only_for_slow_work():
@@ -319,4 +349,48 @@ def test_counts_out_of_range_are_usage_errors(flag, value, message, capsys):
     with pytest.raises(SystemExit) as exit:
         main(["torchvision.models:resnet18", "--input", "1x3x8x8", flag, value], out=io.StringIO())
     assert exit.value.code == 2
-    assert capsys.readouterr().err.endswith(f"modelprof: error: {message}\n")
+    assert capsys.readouterr().err.endswith(f"modelprof profile: error: {message}\n")
+
+
+def test_a_dimension_over_torch_s_limit_is_a_usage_error(capsys):
+    assert main(["torchvision.models:resnet18", "--input", "99999999999999999999x4"], out=io.StringIO()) == 2
+    assert capsys.readouterr().err == (
+        "modelprof: error: bad shape '99999999999999999999x4': dimension 0 is 99999999999999999999, "
+        "over torch's limit of 9223372036854775807 (2**63 - 1)\n"
+    )
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_a_shape_of_more_bytes_than_torch_holds_is_a_usage_error_on_any_device(capsys, device):
+    # each size fits, their product does not: 2**62 x 4 float32 elements are 2**66 bytes
+    arguments = ["torch.nn:Linear", "--kw", "in_features=4", "--kw", "out_features=2", "--input", f"{2**62}x4", "--device", device]
+    assert main(arguments, out=io.StringIO()) == 2
+    assert capsys.readouterr().err == (
+        f"modelprof: error: bad shape '{2**62}x4': {2**64:,} elements of 4 bytes, over torch's limit of 2**63 - 1 bytes\n"
+    )
+
+
+def test_sizes_separated_by_commas_get_a_hint_that_x_joins_them(capsys):
+    assert main(["torchvision.models:resnet18", "--input", "1,3,8,8", "--device", "meta"], out=io.StringIO()) == 2
+    assert capsys.readouterr().err == (
+        "modelprof: error: module '<root>' (ResNet) raised TypeError: ResNet.forward() takes 2 positional arguments but 5 were given; "
+        "x joins one input's sizes (--input 1x3x8x8), commas separate inputs\n"
+    )
+
+
+def test_inputs_a_model_takes_get_no_comma_hint(tmp_path, capsys):
+    # two one-dimensional inputs a forward of two arguments takes: whatever fails, the commas were meant
+    (tmp_path / "pair.py").write_text(
+        "import torch.nn as nn\n\nclass Pair(nn.Module):\n    def forward(self, a, b):\n        raise ValueError('no pairs today')\n"
+        "\ndef model():\n    return Pair()\n"
+    )
+    assert main([str(tmp_path / "pair.py"), "--input", "3,4"], out=io.StringIO()) == 2
+    error = capsys.readouterr().err
+    assert "no pairs today" in error and "x joins" not in error
+
+
+def test_did_you_mean_prefers_the_same_name_in_another_case(capsys):
+    assert main(["torchvision.models:ResNet18", "--input", "1x3x8x8"], out=io.StringIO()) == 2
+    assert capsys.readouterr().err == (
+        "modelprof: error: unknown model 'torchvision.models:ResNet18': torchvision.models has no 'ResNet18'; did you mean 'resnet18'?\n"
+    )

@@ -65,6 +65,12 @@ def test_a_fail_on_rule_fails_a_change_beyond_its_amount(rule, fails):
     assert (parse_fail_on(rule).failure(row) is not None) is fails
 
 
+def test_a_failure_shows_the_change_in_plain_notation():
+    row = next(r for r in compare({"a": linear(128)}, {"a": linear(192)}) if r.name == "a")
+    # 2·4·64·64 = 32,768 more FLOPs: 0.000032768 GFLOPs, at the table's 4 significant digits
+    assert parse_fail_on("gflops:+1%").failure(row) == "a: gflops 0.00006554 -> 0.0000983 GFLOPs, +0.00003277, +50.00% (gflops:+1%)"
+
+
 def test_a_decrease_rule_and_the_new_and_removed_rules():
     rows = compare({"a": linear(192), "gone": linear(8)}, {"a": linear(128), "fresh": linear(8)})
     assert [r.name for r in rows if parse_fail_on("gflops:-30%").failure(r)] == ["a"]  # -33%
@@ -161,3 +167,19 @@ def test_compare_needs_artifact_directories(base_and_head, monkeypatch, capsys):
     status, _ = run(base_and_head, "base", "nowhere", monkeypatch=monkeypatch)
     assert status == 2
     assert capsys.readouterr().err == "modelprof: error: nowhere: not a directory of pytest-modelprof artifacts (--modelprof-json DIR)\n"
+
+
+def test_a_damaged_json_file_that_session_json_does_not_list_is_refused_naming_it(base_and_head, monkeypatch, capsys):
+    (base_and_head / "head" / "stray.json").write_text('{"name": "half a fi')
+    status, _ = run(base_and_head, "base", "head", monkeypatch=monkeypatch)
+    assert status == 2
+    assert capsys.readouterr().err == (
+        "modelprof: error: head/stray.json:1:10: not valid JSON: Unterminated string starting at "
+        "(session.json does not list it: remove it, or make the artifacts again)\n"
+    )
+
+
+def test_a_valid_json_file_that_session_json_does_not_list_is_left_out(base_and_head, monkeypatch):
+    (base_and_head / "head" / "notes.json").write_text('{"written by": "someone else"}')
+    status, output = run(base_and_head, "base", "head", monkeypatch=monkeypatch)
+    assert status == 0 and "1 changed, 1 new, 1 removed, 0 unchanged" in output

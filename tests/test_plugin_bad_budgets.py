@@ -153,10 +153,11 @@ def test_unreadable_budget_file(project, monkeypatch):
             ["--modelprof-json", "taken.json/out"],
             "*--modelprof-json taken.json/out: *taken.json is a file, so the directory cannot be made",
         ),
-        (["--modelprof-device", "tpu"], "*--modelprof-device expects cpu, cuda, cuda:N or meta (analytic), got 'tpu'"),
-        (["--modelprof-device", "cuda:x"], "*--modelprof-device expects cpu, cuda, cuda:N or meta (analytic), got 'cuda:x'"),
+        (["--modelprof-device", "tpu"], "*--modelprof-device: unknown device 'tpu': expected cpu, cuda, cuda:N or meta (analytic)"),
+        (["--modelprof-device", "cuda:x"], "*--modelprof-device: unknown device 'cuda:x': expected cpu, cuda, cuda:N or meta (analytic)"),
+        (["--modelprof-device", "mps"], "*--modelprof-device: unsupported device 'mps': expected cpu, cuda, cuda:N or meta (analytic)"),
     ],
-    ids=["json-is-a-file", "json-below-a-file", "unknown-device", "bad-device-index"],
+    ids=["json-is-a-file", "json-below-a-file", "unknown-device", "bad-device-index", "unsupported-device"],
 )
 def test_bad_options_are_usage_errors_before_any_test_runs(project, args, expected):
     (project.path / "taken.json").write_text("{}")

@@ -6,7 +6,7 @@ from importlib import resources
 import jsonschema
 from conftest import write_budget
 
-from pytest_modelprof.session import artifact_name
+from pytest_modelprof.artifacts import artifact_name
 
 
 def schema(name):

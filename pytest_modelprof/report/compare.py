@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..compare import CHANGED, NEW, REMOVED, UNCHANGED, Change, ProfileChange
+from ..compare import CHANGED, NEW, REMOVED, UNCHANGED, Change, ProfileChange, signed
 from ..metrics import Metric
 
 
@@ -20,10 +20,8 @@ def _cell(change: Change | None) -> str:
         return head
     if change.absolute is None or change.relative is None:
         return f"{base} → {head}"
-    absolute = metric.cell(abs(change.absolute))
-    sign = "+" if change.absolute > 0 else "-"
     relative = f", {change.relative:+.2%}" if math.isfinite(change.relative) else ""
-    return f"{base} → {head} ({sign}{absolute}{relative})"
+    return f"{base} → {head} ({signed(metric, change.absolute)}{relative})"
 
 
 def _label(metric: Metric) -> str:
