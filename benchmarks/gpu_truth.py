@@ -1,4 +1,4 @@
-"""The shared GPU records (pytest_modelprof/data/gpu-truth): each workload of capture.py built for an analytic run.
+"""The measured H100 records (pytest_modelprof/data/gpu-truth): each workload of capture.py built for an analytic run.
 
 ``workload(name)`` gives the model (on the meta device), its inputs and the keyword
 arguments of :func:`pytest_modelprof.profile` that make the step ``capture.py`` measured;
