@@ -71,7 +71,7 @@ def shard_decoder_layers(model, mesh):
 
 
 def test_llama_7b_fsdp_rank_of_64(model_profile):
-    # rank 0 of 64 under FSDP2, analytic, on this CPU-only machine: what it holds at its peak and what
+    # rank 0 of 64 under FSDP2, analytic, on any CPU-only runner: what it holds at its peak and what
     # it all-gathers and reduce-scatters per step (its budget: max_peak_memory_mb, max_comm_gb)
     with torch.device("meta"):
         model = Llama(LlamaConfig.llama_7b())

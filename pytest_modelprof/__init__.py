@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         calibration_workload,
         machine_name,
         profile,
+        profile_ranks,
         register_flop_formula,
         unregister_flop_formula,
     )

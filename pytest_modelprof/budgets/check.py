@@ -32,7 +32,7 @@ from ..results import Profile
 from .load import ProfileBudget
 
 Status = Literal["ok", "regressed", "improved", "new", "updated", "unchanged", "stale", "inconclusive"]
-"""A verdict's or a finding's outcome (README: "Statuses")."""
+"""A verdict's or a finding's outcome (docs/budgets.md: "Statuses")."""
 OK: Final = "ok"
 REGRESSED: Final = "regressed"
 IMPROVED: Final = "improved"
