@@ -321,7 +321,6 @@ def test_a_target_gpu_prints_its_memory_and_predicted_step(capsys):
 
 
 def test_a_target_gpu_s_roofline_plot(tmp_path):
-    pytest.importorskip("matplotlib")
     out = io.StringIO()
     plot = tmp_path / "p.png"
     assert main([*SMALL, "--train", "--target", "h100", "--plot", str(plot)], out=out) == 0
@@ -331,7 +330,6 @@ def test_a_target_gpu_s_roofline_plot(tmp_path):
 
 
 def test_a_roofline_needs_a_predicted_step(tmp_path):
-    pytest.importorskip("matplotlib")
     from pytest_modelprof.report.plots import plot_roofline
 
     with pytest.raises(ValueError, match="no predicted time"):

@@ -165,6 +165,7 @@ print("ready", flush=True)
 turn = 0
 while True:
     write_atomically(path, texts[turn % 2])
+    print("w", end="", flush=True)  # one byte per finished write
     turn += 1
 """
 
@@ -179,9 +180,10 @@ def test_kill_9_during_updates_leaves_each_file_old_or_new(tmp_path):
     target.write_text(old)
     for delay in (0.03, 0.13, 0.29):
         writer = subprocess.Popen(
-            [sys.executable, "-c", KILLED_WRITER, str(target), str(tmp_path / "old.txt"), str(tmp_path / "new.txt")], stdout=subprocess.PIPE
+            [sys.executable, "-c", KILLED_WRITER, str(target), str(tmp_path / "new.txt"), str(tmp_path / "old.txt")], stdout=subprocess.PIPE
         )
         assert writer.stdout.readline() == b"ready\n"
+        assert writer.stdout.read(1) == b"w"  # the writer is writing: the kill lands among its writes
         time.sleep(delay)
         writer.kill()  # SIGKILL: no cleanup runs
         writer.wait()

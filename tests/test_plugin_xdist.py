@@ -3,8 +3,7 @@
 import json
 
 import pytest
-
-pytest.importorskip("xdist")
+import xdist  # noqa: F401  (the test extra installs it: a broken install fails here, it does not skip)
 
 TESTS = """
 import pytest, torch

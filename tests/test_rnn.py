@@ -179,7 +179,7 @@ def test_packed_sequences_run_analytically(module, gates):
     real = profile(model, inputs, train=True)
     analytic = profile(model, inputs, train=True, device="meta")
     assert analytic.uncounted == {} and analytic.flops == real.flops
-    assert analytic.memory.peak_bytes == pytest.approx(real.memory.peak_bytes, rel=0.01)
+    assert analytic.memory.peak_bytes == real.memory.peak_bytes
     # on a CUDA target the stack is one cuDNN call over the packed rows: 14 rows, not 3 x 7
     target = profile(model, inputs, train=True, target="h100")
     assert target.op("aten._cudnn_rnn").calls == 1 and target.uncounted == {}

@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import pytest_split  # noqa: F401  (the shards run under it and xdist, which the test extra installs:
+import xdist  # noqa: F401  a broken install fails here, it does not skip)
 
 from pytest_modelprof.cli import main
-
-pytest.importorskip("xdist")
-pytest.importorskip("pytest_split")
 
 SHARDS = 3
 

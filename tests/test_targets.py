@@ -1,7 +1,9 @@
 """CUDA as the target from a CPU-only machine: the GPU table, CUDA's kernel choices, and whole
 analytic steps against the real H100 allocator figures in pytest_modelprof/data/gpu-truth."""
 
+import functools
 import math
+import statistics
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from benchmarks import gpu_truth
 from pytest_modelprof import GPUS, GPUSpec, ProfileError, profile
 from pytest_modelprof.engine.analytic.cuda import attention as kernels
 from pytest_modelprof.engine.analytic.cuda.attention import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
+from pytest_modelprof.engine.targets import cudnn
 from pytest_modelprof.engine.targets.gpus import gpu_spec
 
 MiB = 1 << 20
@@ -212,7 +215,7 @@ def test_a_target_is_a_gpu():
 # pytest_modelprof/data/gpu-truth: real allocator figures of an H100 --------------------------------
 
 # measured here (peak / max_memory_allocated, reserved / max_memory_reserved): what is not
-# yet within the issue's bounds (3% and 5%), and why
+# yet within the bounds (3% and 5%), and why
 OPEN = {
     "lstm2x1024-s256-b32-train-fp32-adam": "peak 0.751: cuDNN's RNN workspace (250 MiB here, sized by cuDNN at run time) is not modelled",
 }
@@ -224,22 +227,57 @@ OPEN_RESERVED = {
     "segments cuDNN's workspaces leave differ from the record's",
     "resnet50-b32-eval-fp32": "reserved 1.225 (676 / 552 MiB after the first step): the 98.1 MiB workspace cuDNN's heuristics "
     "give a 1x1 convolution of a 98 MiB input takes a segment of its own, which the record does not show",
+    "lstm2x1024-s256-b32-train-fp32-adam": "reserved 0.797: cuDNN's RNN workspace is not modelled (as its peak)",
 }
+# With another cuDNN than the records' the convolution workspaces, and so the segments they leave,
+# are that cuDNN's: a step with a cuDNN convolution is compared with the records' own cuDNN only
+# (the suite's run on torch 2.11 loads it; benchmarks/memory_vs_h100.py --cudnn DIR otherwise).
+# Known outside 5% with cuDNN 9.24 (torch 2.14): MobileNetV3-Large 1.122, ResNet-50 eval 1.268, ResNet-18 0.925.
+
+
+@functools.cache
+def h100_step(name):
+    model, inputs, keywords = gpu_truth.workload(name)
+    return profile(model, inputs, target="h100", **keywords), gpu_truth.records()[name]["steady_step"]
 
 
 @pytest.mark.parametrize("name", sorted(gpu_truth.records()))
-def test_an_h100_step_from_a_cpu_only_machine(name):
+def test_an_h100_step_peaks_where_the_record_peaked(name):
     if name in OPEN:
         pytest.xfail(OPEN[name])
-    model, inputs, keywords = gpu_truth.workload(name)
-    result = profile(model, inputs, target="h100", **keywords)
-    record = gpu_truth.records()[name]["steady_step"]
+    result, record = h100_step(name)
     assert math.isclose(result.peak_memory_bytes, record["max_allocated"], rel_tol=0.03)
-    # the segments cuDNN's workspaces leave are those of the cuDNN that sizes them: the records' own
-    # reproduces their reserved bytes (benchmarks/memory_vs_h100.py --cudnn)
-    comparable = gpu_truth.same_cudnn() or not result.memory.estimates["cudnn_workspace_bytes"]
-    if name not in OPEN_RESERVED and comparable:
-        assert math.isclose(result.memory.estimates["reserved_bytes"], record["max_reserved"], rel_tol=0.05)
+
+
+@pytest.mark.parametrize("name", sorted(gpu_truth.records()))
+def test_an_h100_step_reserves_what_the_record_reserved(name):
+    result, record = h100_step(name)
+    ratio = result.memory.estimates["reserved_bytes"] / record["max_reserved"]
+    within = abs(ratio - 1) <= 0.05
+    if result.memory.estimates["cudnn_workspace_bytes"] and not gpu_truth.same_cudnn():
+        if not within:
+            installed = cudnn.library()
+            pytest.xfail(
+                f"reserved {ratio:.3f} with cuDNN {installed.version if installed else None}, not the records' "
+                f"{gpu_truth.CUDNN}: its convolution workspaces leave other segments"
+            )
+        return
+    if name in OPEN_RESERVED:
+        assert not within, f"reserved {ratio:.3f}: within 5% now, take it off OPEN_RESERVED"
+        pytest.xfail(OPEN_RESERVED[name])
+    assert within, f"reserved {ratio:.3f} of the record"
+
+
+def test_the_shipped_calibration_predicts_the_recorded_h100_steps_as_the_docs_say():
+    # docs/targets.md: "with the shipped fit, median error 2.3%, worst 7.5%": each step's predicted time
+    # against its median measured one (20 steps timed with CUDA events), to the rounding of those figures
+    errors = {
+        name: abs(h100_step(name)[0].predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
+        for name, record in gpu_truth.records().items()
+    }
+    assert len(errors) == 9
+    assert statistics.median(errors.values()) < 0.0235
+    assert max(errors.values()) < 0.0755, errors
 
 
 def test_a_cpu_tensor_made_inside_the_model_is_explained_on_a_target():
