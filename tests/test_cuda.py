@@ -93,7 +93,7 @@ def test_reserved_estimate_against_the_allocator():
     result = profile(model, x, train=True)
     measured = torch.cuda.max_memory_reserved() - before
     assert estimated.category_max["workspace"] > 0
-    assert result.memory.estimates["reserved_bytes"] == pytest.approx(measured + before, rel=0.25)
+    assert result.memory.estimates["reserved_bytes"] == pytest.approx(measured + before, rel=0.05)
 
 
 def test_a_real_cuda_step_records_the_allocators_figures_beside_the_modelled_ones():
@@ -122,5 +122,5 @@ def test_the_analytic_target_counts_the_flops_of_the_real_gpu_step(case):
     analytic = profile(model, x, train=True, optimizer=optimizer, autocast=autocast, target="h100")
     model, x = model.cuda(), x.cuda()
     real = profile(model, x, train=True, optimizer=torch.optim.AdamW(model.parameters()), autocast=autocast)
-    assert analytic.flops == pytest.approx(real.flops, rel=1e-6)
+    assert analytic.flops == real.flops
     assert analytic.uncounted == real.uncounted == {}
