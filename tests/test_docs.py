@@ -4,24 +4,30 @@ Every ```python block of README.md and docs/*.md runs: a pytest test file (one t
 the ``model_profile`` fixture) under pytester, any other block as a script in a fresh
 interpreter. A block that cannot run by itself is marked on the line above it with
 ``<!-- not-run: why -->``; there is no third way, so a new block is run unless its author
-says why not. Every ```toml block is a budget file, read by the project's budget loader.
+says why not. Every ```toml block is a budget file, read by the project's budget loader, and
+every ``modelprof`` line of a ```bash block is parsed as the command parses it. A fence of any
+form counts (backticks or tildes, indented in a list), and a block of a language the checks do
+not know fails, so no block escapes them by its spelling.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pytest_modelprof.budgets import load_budgets
+from pytest_modelprof.cli import COMMANDS, HELP, build_parser
 
 ROOT = Path(__file__).parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NOT_RUN = re.compile(r"<!-- not-run: (?P<reason>\S.*?) -->")
 # a script that takes longer has outgrown the documentation: show a smaller model
 SCRIPT_SECONDS = 120
@@ -42,21 +48,31 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
+FENCE = re.compile(r"(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)")
+# what a block's info string may say: anything else (```py, ```python3, ```sh) would escape the
+# checks below, so it fails test_every_block_says_a_language_the_checks_know
+LANGUAGES = {"", "python", "toml", "yaml", "bash", "text"}
+
+
 def blocks(page: Path) -> list[Block]:
-    """The fenced code blocks of a Markdown page, in order."""
+    """The fenced code blocks of a Markdown page, in order: backtick or tilde fences of any length,
+    indented too (inside a list or an admonition), their code dedented."""
     found = []
     lines = page.read_text().splitlines()
     index = 0
     while index < len(lines):
-        fence = re.fullmatch(r"```(\w*)", lines[index])
+        fence = FENCE.fullmatch(lines[index])
         if fence is None:
             index += 1
             continue
-        end = lines.index("```", index + 1)
+        mark = fence.group("fence")
+        closing = re.compile(rf"\s*{re.escape(mark[0])}{{{len(mark)},}}\s*")
+        end = next(i for i in range(index + 1, len(lines)) if closing.fullmatch(lines[i]))
         previous = next((line for line in reversed(lines[:index]) if line.strip()), "")
         marker = NOT_RUN.fullmatch(previous.strip())
-        code = "\n".join(lines[index + 1 : end]) + "\n"
-        found.append(Block(page, index + 1, fence.group(1), code, marker.group("reason") if marker else None))
+        code = textwrap.dedent("\n".join(lines[index + 1 : end]) + "\n")
+        language = fence.group("info").split()[0].strip("{}.") if fence.group("info").strip() else ""
+        found.append(Block(page, index + 1, language, code, marker.group("reason") if marker else None))
         index = end + 1
     return found
 
@@ -107,7 +123,7 @@ def test_a_budget_file_example_loads(block, tmp_path):
     directory.mkdir()
     (directory / "example.toml").write_text(block.code)
     budgets = load_budgets(directory)
-    assert set(budgets.profiles) == set(re.findall(r'^\[profiles\."([^"]+)"\]$', block.code, re.MULTILINE))
+    assert set(budgets.profiles) == set(re.findall(r'^\[profiles\."([^"]+)"(?:\.baseline)?\]$', block.code, re.MULTILINE))
     assert budgets.profiles
 
 
@@ -155,3 +171,30 @@ def test_the_documentation_speaks_of_the_readers_machine_not_ours():
         text = page.read_text()
         assert "../shared" not in text, page.name
         assert "this project's" not in text, page.name
+
+
+def test_every_block_says_a_language_the_checks_know():
+    assert {block.id: block.language for block in ALL_BLOCKS if block.language not in LANGUAGES} == {}
+
+
+def commands(block: Block) -> list[list[str]]:
+    """The ``modelprof`` command lines of a shell block (``$ `` prompts and ``\\`` continuations
+    taken as a shell takes them), as argument lists after ``modelprof``."""
+    text = block.code.replace("\\\n", " ")
+    lines = [line.strip().removeprefix("$ ") for line in text.splitlines()]
+    return [shlex.split(line, comments=True)[1:] for line in lines if line.split()[:1] == ["modelprof"]]
+
+
+SHELL_COMMANDS = [(block, arguments) for block in ALL_BLOCKS if block.language == "bash" for arguments in commands(block)]
+
+
+def test_the_pages_show_modelprof_commands():
+    assert len(SHELL_COMMANDS) >= 5
+
+
+@pytest.mark.parametrize(("block", "arguments"), SHELL_COMMANDS, ids=lambda value: value.id if isinstance(value, Block) else "")
+def test_a_modelprof_command_on_a_page_is_one_the_command_takes(block, arguments):
+    # parsed as the command parses it (the shorthand without "profile" included), not run
+    if arguments and arguments[0] not in (*COMMANDS, *HELP):
+        arguments = ["profile", *arguments]
+    build_parser().parse_args(arguments)
