@@ -8,6 +8,8 @@ follow (and a cycle one of them can close at run time).
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        if "data" in parts[1:]:  # measurements and the script that captured them, not the package's code
+        if parts[1:2] == ["data"]:  # measurements and the script that captured them, not the package's code
             continue
         is_package = parts[-1] == "__init__"
         found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
@@ -151,3 +153,37 @@ def test_the_engine_shows_its_rooms_at_the_top():
     rooms = sorted(path.name for path in (PACKAGE / "engine").iterdir() if (path / "__init__.py").exists())
     assert len(top) <= 8, top
     assert {"analytic", "formulas", "meters", "observe", "ops", "targets", "timing"} <= set(rooms)
+
+
+REFERENCE = re.compile(r":(?:mod|class|func|meth|data|attr|exc):`~?(?P<target>\.*pytest_modelprof[\w.]*|\.+[\w.]+)`")
+
+
+def _resolves(dotted: str) -> bool:
+    pieces = dotted.split(".")
+    for split in range(len(pieces), 0, -1):
+        try:
+            found = importlib.import_module(".".join(pieces[:split]))
+        except ImportError:
+            continue
+        for attribute in pieces[split:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def test_every_cross_reference_in_a_docstring_names_something_that_exists():
+    # :mod:`.analytic.fake`, :func:`~..meters.Meter.op`: relative to the module, as the docs render them
+    broken = []
+    for name, (path, is_package) in MODULES.items():
+        base = name.split(".") if is_package else name.split(".")[:-1]
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for match in REFERENCE.finditer(line):
+                target = match.group("target")
+                dots = len(target) - len(target.lstrip("."))
+                if dots:
+                    target = ".".join([*base[: len(base) - (dots - 1)], target.lstrip(".")])
+                if not _resolves(target):
+                    broken.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {match.group(0)}")
+    assert broken == []

@@ -2,7 +2,7 @@
 
 Counted figures (FLOPs, parameters, bytes) are exact and compared as they are.
 A latency is a sample of a noisy quantity, so it is compared through a confidence
-interval for its median (distribution-free, :data:`~.metrics.CONFIDENCE`): it fails
+interval for its median (distribution-free, :data:`~..metrics.CONFIDENCE`): it fails
 a limit only when the whole interval lies above it, passes only when the whole
 interval lies at or below it, and counts as improved only when the whole interval lies
 below the baseline's band. An interval across the limit is *inconclusive*: the run

@@ -4,7 +4,7 @@ A *record* is what a real step on the GPU measured (the format of
 ``pytest_modelprof/data/gpu-truth/h100.json``, and of what :func:`measure_probe` writes): the step's median
 time (``step_ms_median``) and every ATen op's self device time by its input shapes
 (``ops``: ``op``, ``shapes``, ``self_device_us``), as ``torch.profiler`` gives them. The
-same workload run analytically on the target gives each op's :class:`~.cost.Work`
+same workload run analytically on the target gives each op's :class:`~.targets.cost.Work`
 (:func:`observe`); an op of the run and an operator of the record are matched by name
 and the shapes of their inputs (:func:`key`).
 
@@ -16,7 +16,7 @@ a kernel, and without: a view) to the step times.
 
 ``modelprof calibrate --target NAME -o FILE`` measures :data:`PROBES` (steps of small
 models that run every kind of kernel) on the GPU at hand, fits, and writes a calibration
-file (:func:`~.gpus.save_calibration`) that ``target=FILE`` loads on any machine after.
+file (:func:`~.targets.gpus.save_calibration`) that ``target=FILE`` loads on any machine after.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Real runs execute on CPU or CUDA tensors; analytic runs (``device="meta"``, or a model
 or inputs that are already fake tensors) on fake tensors that claim the model's real
-device (:mod:`.fake`). Every meter sees the same dispatched ops, with phase and module
-(:mod:`.dispatch`); timing runs the same step afterwards, on real tensors and apart from
+device (:mod:`.analytic.fake`). Every meter sees the same dispatched ops, with phase and module
+(:mod:`.observe.dispatch`); timing runs the same step afterwards, on real tensors and apart from
 the meters (:mod:`.timing`).
 """
 

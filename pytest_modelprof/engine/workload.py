@@ -177,7 +177,7 @@ class Workload:
 
     @property
     def python_backward(self) -> bool:
-        """Whether the backward pass runs in :mod:`.backward` (analytic CUDA runs: the engine needs a driver)."""
+        """Whether the backward pass runs in :mod:`.analytic.backward` (analytic CUDA runs: the engine needs a driver)."""
         return self.fake_mode is not None and self.target.type == "cuda"
 
     @contextlib.contextmanager

@@ -72,7 +72,7 @@ class Meter:
         """Whether ``func`` should reach the meters as the ops of its decomposition (where it has one)."""
         return False
 
-    # Replaying repeated leaf-module calls (see :mod:`..memo`): only when every meter can.
+    # Replaying repeated leaf-module calls (see :mod:`..observe.memo`): only when every meter can.
     replayable = False
 
     def start_capture(self) -> None:

@@ -39,7 +39,7 @@ def op_name(func: Any) -> str:
 
 
 class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Passes every op to each meter's :meth:`~.meters.Meter.op`, in the order the meters were given.
+    """Passes every op to each meter's :meth:`~..meters.Meter.op`, in the order the meters were given.
 
     ``region`` is set by the step (:meth:`enter_region`): ``"forward"`` while the model
     runs, ``"loss"`` while the loss is computed, ``"optimizer"`` during the optimizer step.
@@ -181,7 +181,7 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
 def _shape_propagation(out: Any, fake_mode: Any) -> bool:
     """Whether an op of a sharded step made only tensors that are not the run's: meta tensors, or fake
     tensors of another fake mode than the run's (``fake_mode``, None for a real run). DTensor works out
-    its outputs' shapes on such tensors (see :func:`.distributed.shape_propagation_apart`)."""
+    its outputs' shapes on such tensors (see :func:`..distributed.shape_propagation_apart`)."""
     tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     return bool(tensors) and all(t.device.type == "meta" or (isinstance(t, FakeTensor) and t.fake_mode is not fake_mode) for t in tensors)
 

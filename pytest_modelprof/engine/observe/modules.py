@@ -11,7 +11,7 @@ path a module ran at is kept (``ran``), so that each gets a row.
 Backward: every autograd node gets a sequence number when the forward creates it.
 At each module entry and exit the tracker records the next sequence number and the
 stack at that moment; an op in the backward pass is attributed to the stack that was
-active when its node (:func:`.backward.current_node`) was created. This is
+active when its node (:func:`..analytic.backward.current_node`) was created. This is
 exact for modules called several times, shared modules and re-entrant calls, and it
 needs no hooks on tensors.
 """
