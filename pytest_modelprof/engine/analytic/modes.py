@@ -28,6 +28,12 @@ enters them in this order, from the bottom of the stack up:
 The workload enters one more guard itself, after the optimizer's state is made and in-place gradients
 are zeroed: :func:`attributes_kept`, which keeps what the model records on itself as it runs on fake
 tensors from staying on the caller's model.
+
+Each step then enters, above all of these and beneath the meters (``Run.step`` in
+:mod:`..workload`): the run's own parameters swapped into the model (``functional_call``), grad mode
+and autocast (on a CUDA target, CUDA's autocast op lists, which need no driver), and, where the
+backward pass runs in Python (:mod:`.backward`: a CUDA target's), :class:`~.backward.HookGuard`, which
+refuses what that backward pass cannot run (hooks on non-leaf tensors, re-entrant checkpoints).
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ from torch.utils._pytree import tree_flatten
 
 from ...results import Phase
 from ..analytic.backward import SavedTensors, current_node, in_backward
-from ..meters import Meter, Op, overrides
 from ..ops import METADATA
 from .modules import ROOT, ModuleTracker, StackKey
+from .stream import Meter, Op, overrides
 
 
 def op_name(func: Any) -> str:
@@ -39,7 +39,7 @@ def op_name(func: Any) -> str:
 
 
 class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Passes every op to each meter's :meth:`~..meters.Meter.op`, in the order the meters were given.
+    """Passes every op to each meter's :meth:`~.stream.Meter.op`, in the order the meters were given.
 
     ``region`` is set by the step (:meth:`enter_region`): ``"forward"`` while the model
     runs, ``"loss"`` while the loss is computed, ``"optimizer"`` during the optimizer step.
