@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pytest_modelprof import ProfileError, profile
-from pytest_modelprof.engine.targets.scratch import ctc_scratch
+from pytest_modelprof.engine.targets.scratch.losses import ctc_scratch
 
 T, B, C = 30, 4, 20  # input steps, sequences, classes (blank 0)
 

@@ -8,7 +8,8 @@ from torch import nn
 
 from pytest_modelprof import GPUS, profile
 from pytest_modelprof.engine.targets.gpus import threads_per_sm
-from pytest_modelprof.engine.targets.scratch import kernel_scratch, reduction_scratch
+from pytest_modelprof.engine.targets.scratch import kernel_scratch
+from pytest_modelprof.engine.targets.scratch.reductions import reduction_scratch
 
 MiB = 1 << 20
 SUM = torch.ops.aten.sum.dim_IntList
@@ -138,7 +139,7 @@ def test_the_staging_buffer_holds_the_accumulator_of_the_result_type():
 
 
 def test_what_a_cudnn_lstm_allocates_around_its_cudnn_calls():
-    from pytest_modelprof.engine.targets.scratch import rnn_scratch
+    from pytest_modelprof.engine.targets.scratch.rnn import rnn_scratch
 
     aten = torch.ops.aten
     seq, batch, features, hidden, layers = 256, 32, 512, 1024, 2

@@ -21,7 +21,6 @@ from .registry import (
     Kernel,
     OpInfo,
     op_info,
-    op_named,
 )
 
 __all__ = [
@@ -39,6 +38,5 @@ __all__ = [
     "beneath_the_run",
     "bound_arguments",
     "op_info",
-    "op_named",
     "reorder_dimensions",
 ]

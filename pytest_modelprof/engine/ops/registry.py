@@ -1,10 +1,9 @@
 """The one table of ATen ops: what the engine knows of each, keyed by overload packet.
 
-The FLOP formulas, the cost model, kernel scratch and the kernel outputs of analytic runs all
+The FLOP formulas, the cost model, kernel scratch, the allocator and the kernel outputs of analytic runs all
 read an op's class here (:func:`op_info`): adding an op is a row in the tables below, named
 once. An entry is keyed by the op's overload packet (``torch.ops.aten.mm``); a look-up from an
-overload (``torch.ops.aten.mm.default``) goes through its packet, one from a reported name
-(``"aten.mm"``) through :func:`op_named`. Ops of a communication namespace (c10d, FSDP's
+overload (``torch.ops.aten.mm.default``) goes through its packet. Ops of a communication namespace (c10d, FSDP's
 copies) are one class whatever their name.
 """
 
@@ -33,11 +32,31 @@ Family = Literal[
     "loss",
     "foreach",
     "selection",
+    "indexing",
+    "sampling",
     "communication",
 ]
 # the cost model's kind of kernel (:mod:`..targets.cost`): "memory" for every op with a kernel of no other kind,
 # "none" for an op that launches none
 Kernel = Literal["matmul", "conv", "conv_narrow", "attention", "rnn", "norm", "norm_backward", "memory", "none"]
+# the allocations a CUDA kernel makes through the caching allocator while it runs (:mod:`..targets.scratch`),
+# by the kind of kernel that makes them
+Scratch = Literal[
+    "reduction",
+    "convolution_bias",
+    "flash_backward",
+    "cudnn_attention_backward",
+    "efficient_attention",
+    "embedding_backward",
+    "norm_backward",
+    "grid_sampler",
+    "ctc",
+    "reduced_loss",
+    "rnn",
+]
+# a CUDA reduction's accumulator per input element: opmath (float for half inputs), the input's own dtype,
+# Welford's (mean, m2, n), a value with its index, a boolean
+Accumulator = Literal["opmath", "same", "welford", "index", "boolean"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,10 @@ class OpInfo:
     iterated: bool = False  # an elementwise op whose kernels lay out their output in a TensorIterator
     reduced_loss: bool = False  # reduced, its output keeps the storage made for the elementwise loss
     synchronizing: bool = False  # the host waits for its result (a value read back from the GPU)
+    scratch: Scratch | None = None  # what its CUDA kernel allocates while it runs, if anything
+    accumulator: Accumulator | None = None  # a reduction's, where its CUDA kernel stages partial results
+    cublas: bool = False  # runs through cuBLAS: the thread's cuBLAS workspace is allocated by its first call
+    cublas_lt: bool = False  # through cuBLASLt too (a bias epilogue): its workspace as well
 
 
 # FLOPs per output element of elementwise kernels (in-place variants share them)
@@ -180,6 +203,34 @@ _native_batch_norm_legit_functional _batch_norm_with_update _batch_norm_no_updat
 native_batch_norm_backward batch_norm_backward cudnn_batch_norm_backward miopen_batch_norm_backward native_layer_norm
 native_layer_norm_backward native_group_norm native_group_norm_backward _fused_rms_norm _fused_rms_norm_backward""".split()
 
+# the ops whose CUDA kernels allocate scratch, by kind (reductions and reduced losses: below)
+_SCRATCH: dict[Scratch, list[str]] = {
+    "convolution_bias": ["convolution_backward"],
+    "flash_backward": ["_scaled_dot_product_flash_attention_backward", "_flash_attention_backward"],
+    "cudnn_attention_backward": ["_scaled_dot_product_cudnn_attention_backward", "_cudnn_attention_backward"],
+    "efficient_attention": [
+        "_scaled_dot_product_efficient_attention",
+        "_efficient_attention_forward",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_efficient_attention_backward",
+    ],
+    "embedding_backward": ["embedding_dense_backward"],
+    "norm_backward": ["native_layer_norm_backward", "_fused_rms_norm_backward"],
+    "grid_sampler": ["cudnn_grid_sampler", "cudnn_grid_sampler_backward"],
+    "ctc": ["_ctc_loss", "_ctc_loss_backward", "_cudnn_ctc_loss"],
+    "rnn": _RECURRENT,
+}
+# the reductions whose CUDA kernels stage partial results, by their accumulator
+_ACCUMULATORS: dict[str, Accumulator] = {
+    **dict.fromkeys("sum nansum mean prod linalg_vector_norm norm".split(), "opmath"),
+    **dict.fromkeys("amax amin max min".split(), "same"),
+    **dict.fromkeys("argmax argmin".split(), "index"),
+    **dict.fromkeys("var std var_mean std_mean".split(), "welford"),
+    **dict.fromkeys("any all".split(), "boolean"),
+}
+_CUBLAS = "mm addmm bmm baddbmm _addmm_activation addmv mv dot _scaled_mm".split()
+_CUBLAS_LT = "addmm _addmm_activation".split()  # a product with a bias epilogue
+
 # Collectives and FSDP2's copies in and out of its all-gather buffers: data moved, 0 FLOPs
 # (what a collective moves is the collective meter's)
 COMMUNICATION_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "fsdp"})
@@ -230,6 +281,16 @@ def _build() -> dict[Any, OpInfo]:
     add((name for name in _NORMALIZATIONS if name.endswith("_backward")), kernel="norm_backward")
     add((name for name in _NORMALIZATIONS if not name.endswith("_backward")), kernel="norm")
     add((name for name, _ in _METADATA), family="metadata")
+    add(["embedding_dense_backward"], family="indexing")
+    add(_SCRATCH["grid_sampler"], family="sampling")
+    add(_SCRATCH["ctc"], family="loss")
+    for kind, names in _SCRATCH.items():
+        add(names, scratch=kind)
+    for name, accumulator in _ACCUMULATORS.items():
+        add([name], scratch="reduction", accumulator=accumulator)
+    add(_REDUCED_LOSSES, scratch="reduced_loss")
+    add(_CUBLAS, cublas=True)
+    add(_CUBLAS_LT, cublas_lt=True)
     registry: dict[Any, OpInfo] = {}
     for name, fact in facts.items():
         packet = getattr(aten, name, None)
@@ -244,7 +305,6 @@ def _build() -> dict[Any, OpInfo]:
 
 
 REGISTRY: dict[Any, OpInfo] = _build()
-_BY_NAME = {info.name: info for info in REGISTRY.values()}
 _COMMUNICATION = {namespace: OpInfo(namespace, "communication", moves_data=True) for namespace in COMMUNICATION_NAMESPACES}
 
 
@@ -256,11 +316,6 @@ def op_info(func: Any) -> OpInfo | None:
     if info is None:
         return _COMMUNICATION.get(getattr(func, "namespace", ""))
     return info
-
-
-def op_named(name: str) -> OpInfo | None:
-    """:func:`op_info` of the op reported as ``name`` (``"aten.mm"``)."""
-    return _BY_NAME.get(name)
 
 
 def _overloads(packet: Any, names: tuple[str, ...]) -> list[Any]:

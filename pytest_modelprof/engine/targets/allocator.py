@@ -38,6 +38,7 @@ import bisect
 import os
 import re
 
+from ..ops import REGISTRY
 from .gpus import cublas_workspace_default
 
 BLOCK = 512
@@ -47,13 +48,9 @@ LARGE_SEGMENT = 20 << 20  # for large requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 << 20
 ROUND_LARGE = 2 << 20
 
-# the matrix products that take a cuBLAS handle (and so its workspace)
-CUBLAS_OPS = frozenset(
-    {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._addmm_activation", "aten.addmv", "aten.mv", "aten.dot", "aten._scaled_mm"}
-)
-
-
-LT_OPS = frozenset({"aten.addmm", "aten._addmm_activation"})
+# the matrix products that take a cuBLAS handle (and so its workspace), and those with a cuBLASLt epilogue
+CUBLAS_OPS = frozenset(info.name for info in REGISTRY.values() if info.cublas)
+LT_OPS = frozenset(info.name for info in REGISTRY.values() if info.cublas_lt)
 
 
 def rounded(size: int) -> int:

@@ -15,63 +15,55 @@ backward pass, cuDNN's grid sampler), :mod:`.rnn` (the copies around cuDNN's rec
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from .attention import (
-    CUDNN_ATTENTION_BACKWARD,
-    EFFICIENT_BACKWARD,
-    EFFICIENT_FORWARD,
-    FLASH_BACKWARD,
-    cudnn_attention_backward_scratch,
-    efficient_attention_scratch,
-    flash_backward_scratch,
-)
+from ...ops import op_info
+from .attention import cudnn_attention_backward_scratch, efficient_attention_scratch, flash_backward_scratch
 from .convolutions import convolution_bias_scratch, convolution_workspaces
-from .losses import LOSSES, ctc_scratch, loss_scratch
+from .losses import ctc_scratch, loss_scratch
 from .norms import norm_backward_scratch
-from .reductions import REDUCTIONS, reduction_scratch
+from .reductions import reduction_scratch
 from .rnn import rnn_scratch
 from .sampling import embedding_backward_scratch, grid_sampler_scratch
 
-__all__ = [
-    "convolution_bias_scratch",
-    "convolution_workspaces",
-    "ctc_scratch",
-    "cudnn_attention_backward_scratch",
-    "efficient_attention_scratch",
-    "embedding_backward_scratch",
-    "flash_backward_scratch",
-    "grid_sampler_scratch",
-    "kernel_scratch",
-    "loss_scratch",
-    "norm_backward_scratch",
-    "reduction_scratch",
-    "rnn_scratch",
-]
+__all__ = ["convolution_workspaces", "kernel_scratch"]
+
+
+class Call(NamedTuple):
+    """One op call on a GPU of ``sm_count`` SMs and compute ``capability``."""
+
+    name: str
+    func: Any
+    args: Any
+    kwargs: dict[str, Any]
+    out: Any
+    sm_count: int
+    capability: tuple[int, int]
+
+
+# each kind of kernel (the op registry's :attr:`~...ops.OpInfo.scratch`) and what it allocates
+_BY_KIND: dict[str, Callable[[Call], list[int]]] = {
+    "reduction": lambda c: reduction_scratch(*c),
+    "reduced_loss": lambda c: loss_scratch(*c),
+    "convolution_bias": lambda c: convolution_bias_scratch(c.func, c.args, c.kwargs, c.out, c.sm_count, c.capability),
+    "flash_backward": lambda c: flash_backward_scratch(c.name, c.func, c.args, c.kwargs, c.sm_count),
+    "cudnn_attention_backward": lambda c: cudnn_attention_backward_scratch(c.func, c.args, c.kwargs),
+    "efficient_attention": lambda c: efficient_attention_scratch(c.name, c.func, c.args, c.kwargs, c.capability),
+    "norm_backward": lambda c: norm_backward_scratch(c.name, c.func, c.args, c.kwargs, c.sm_count, c.capability),
+    "embedding_backward": lambda c: embedding_backward_scratch(c.func, c.args, c.kwargs),
+    "grid_sampler": lambda c: grid_sampler_scratch(c.func, c.args, c.kwargs),
+    "ctc": lambda c: ctc_scratch(c.name, c.func, c.args, c.kwargs),
+    "rnn": lambda c: rnn_scratch(c.name, c.func, c.args, c.kwargs),
+}
 
 
 def kernel_scratch(
     name: str, func: Any, args: Any, kwargs: dict[str, Any], out: Any, sm_count: int, capability: tuple[int, int]
 ) -> list[int]:
-    """The allocations (bytes) an op makes inside its call on a GPU of ``sm_count`` SMs and ``capability``."""
-    if name in REDUCTIONS:
-        return reduction_scratch(name, func, args, kwargs, out, sm_count, capability)
-    if name == "aten.convolution_backward":
-        return convolution_bias_scratch(func, args, kwargs, out, sm_count, capability)
-    if name in FLASH_BACKWARD:
-        return flash_backward_scratch(name, func, args, kwargs, sm_count)
-    if name in CUDNN_ATTENTION_BACKWARD:
-        return cudnn_attention_backward_scratch(func, args, kwargs)
-    if name in EFFICIENT_FORWARD or name in EFFICIENT_BACKWARD:
-        return efficient_attention_scratch(name, func, args, kwargs, capability)
-    if name == "aten.embedding_dense_backward":
-        return embedding_backward_scratch(func, args, kwargs)
-    if name in ("aten.native_layer_norm_backward", "aten._fused_rms_norm_backward"):
-        return norm_backward_scratch(name, func, args, kwargs, sm_count, capability)
-    if name in ("aten.cudnn_grid_sampler", "aten.cudnn_grid_sampler_backward"):
-        return grid_sampler_scratch(func, args, kwargs)
-    if name in ("aten._ctc_loss", "aten._ctc_loss_backward", "aten._cudnn_ctc_loss"):
-        return ctc_scratch(name, func, args, kwargs)
-    if name in LOSSES:
-        return loss_scratch(name, func, args, kwargs, out, sm_count, capability)
-    return rnn_scratch(name, func, args, kwargs)
+    """The allocations (bytes) an op makes inside its call on a GPU of ``sm_count`` SMs and ``capability``:
+    those of the kind of kernel the op registry says it runs, none where it names none."""
+    info = op_info(func)
+    if info is None or info.scratch is None:
+        return []
+    return _BY_KIND[info.scratch](Call(name, func, args, kwargs, out, sm_count, capability))

@@ -64,7 +64,6 @@ def flash_backward_scratch(name: str, func: Any, args: Any, kwargs: dict[str, An
 
 
 # cuDNN attention's backward as ATen calls it: SDPA's op, and the op it runs
-CUDNN_ATTENTION_BACKWARD = frozenset({"aten._scaled_dot_product_cudnn_attention_backward", "aten._cudnn_attention_backward"})
 
 
 def cudnn_attention_backward_scratch(func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:

@@ -12,11 +12,10 @@ from typing import Any
 
 import torch
 
-from ...ops import REDUCED_LOSSES, bound_arguments
+from ...ops import bound_arguments
 from .reductions import reduction_scratch
 
 # losses that compute the elementwise loss inside their call and then reduce it
-LOSSES = frozenset(str(op.overloadpacket) for op in REDUCED_LOSSES)
 
 
 def loss_scratch(

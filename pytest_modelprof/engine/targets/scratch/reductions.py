@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ...ops import bound_arguments, reorder_dimensions
+from ...ops import bound_arguments, op_info, reorder_dimensions
 from ..gpus import threads_per_sm
 
 INT32_MAX = 2**31 - 1
@@ -67,27 +67,14 @@ def _boolean(dtype: torch.dtype) -> int:
     return 1
 
 
-# a reduction op (overload packet) -> the accumulator's bytes for an input of a dtype; the
-# dimensions it reduces are its ``dim`` argument (none given: all of them)
-REDUCTIONS: dict[str, Callable[[torch.dtype], int]] = {
-    "aten.sum": _opmath,
-    "aten.nansum": _opmath,
-    "aten.mean": _opmath,
-    "aten.prod": _opmath,
-    "aten.linalg_vector_norm": _opmath,
-    "aten.norm": _opmath,
-    "aten.amax": _same,
-    "aten.amin": _same,
-    "aten.max": _same,
-    "aten.min": _same,
-    "aten.argmax": _with_index,
-    "aten.argmin": _with_index,
-    "aten.var": _welford,
-    "aten.std": _welford,
-    "aten.var_mean": _welford,
-    "aten.std_mean": _welford,
-    "aten.any": _boolean,
-    "aten.all": _boolean,
+# a reduction's accumulator (the op registry's :attr:`~...ops.OpInfo.accumulator`) -> its bytes per
+# element for an input of a dtype; the dimensions it reduces are its ``dim`` argument (none given: all of them)
+ACCUMULATOR_BYTES: dict[str, Callable[[torch.dtype], int]] = {
+    "opmath": _opmath,
+    "same": _same,
+    "welford": _welford,
+    "index": _with_index,
+    "boolean": _boolean,
 }
 
 
@@ -98,7 +85,8 @@ def reduction_scratch(
     buffer and semaphores where its blocks meet (none where each output's inputs fit one block);
     for one too large for 32-bit indexing that cannot accumulate in its output, an accumulator
     of its outputs first, held across its parts."""
-    accumulator = REDUCTIONS.get(name)
+    info = op_info(func)
+    accumulator = ACCUMULATOR_BYTES[info.accumulator] if info is not None and info.accumulator is not None else None
     if accumulator is None or not args or not isinstance(args[0], torch.Tensor):
         return []
     source: torch.Tensor = args[0]
