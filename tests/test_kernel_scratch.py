@@ -510,3 +510,31 @@ def test_an_h100_training_step_holds_cudnn_attention_backward_accumulators(monke
     # bf16 heads of 64 on sm_90 run cuDNN attention; at its backward: the cuBLAS workspaces (32 MiB
     # per thread on Hopper, no addmm) and the frontend's softmax_sum and dQ_accum
     assert memory.category_max["workspace"] == 2 * 32 * MiB + 4 * 8 * 1000 * 4 + 4 * 8 * 1000 * 64 * 4
+
+
+# CUDA C Programming Guide, technical specifications per compute capability: maximum threads per SM,
+# and shared memory a block can opt in to (KiB)
+GUIDE = {
+    (7, 0): (2048, 96),
+    (7, 5): (1024, 64),
+    (8, 0): (2048, 163),
+    (8, 6): (1536, 99),
+    (8, 7): (1536, 163),
+    (8, 9): (1536, 99),
+    (9, 0): (2048, 227),
+    (10, 0): (2048, 227),
+    (12, 0): (1536, 99),
+    (12, 1): (1536, 99),
+}
+
+
+@pytest.mark.parametrize("capability", sorted(GUIDE))
+def test_an_architecture_holds_the_cuda_guide_s_figures(capability):
+    from pytest_modelprof.engine.targets.gpus import ARCHITECTURES
+
+    row = ARCHITECTURES[capability]
+    threads, kib = GUIDE[capability]
+    assert (row.threads_per_sm, row.shared_memory_per_block) == (threads, kib * 1024)
+    assert threads_per_sm(capability) == threads
+    if capability >= (8, 0):  # Ampere on: the attention kernels for 164-228 KiB run where a block gets that much
+        assert row.small_shared_memory == (kib < 128)

@@ -113,13 +113,12 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
         (7, 5): Architecture(shared_memory_per_block=65536, threads_per_sm=1024, blocks_per_sm=16, small_shared_memory=True),
         (8, 0): Architecture(shared_memory_per_block=166912, threads_per_sm=2048, blocks_per_sm=32),
         (8, 6): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=16, small_shared_memory=True),
-        (8, 7): Architecture(shared_memory_per_block=166912, threads_per_sm=1536, blocks_per_sm=16, small_shared_memory=True),
+        (8, 7): Architecture(shared_memory_per_block=166912, threads_per_sm=1536, blocks_per_sm=16),
         (8, 9): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=24, small_shared_memory=True),
         (9, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32, cublas_workspace_bytes=4096 * 8 * 1024),
         (10, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32),
         (12, 0): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True),
-        # described to cuDNN as Hopper is (the table had no row of its own for it); small as sm_120
-        (12, 1): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32, small_shared_memory=True),
+        (12, 1): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True),
     }
 )
 
@@ -131,11 +130,9 @@ def architecture(capability: tuple[int, int]) -> Architecture | None:
 
 def threads_per_sm(capability: tuple[int, int]) -> int:
     """The threads an SM of ``capability`` holds, as the engine's launch models and device queries take
-    them: the table's figure; 2048 for a capability it does not list, and for sm_87, whose row only
-    cuDNN's description of the GPU reads (the two tables this one replaces disagreed there: kept as
-    they were, every figure unchanged)."""
+    them: the table's figure; 2048 for a capability it does not list."""
     row = architecture(capability)
-    return 2048 if row is None or (capability[0], capability[1]) == (8, 7) else row.threads_per_sm
+    return 2048 if row is None else row.threads_per_sm
 
 
 def small_shared_memory(capability: tuple[int, int]) -> bool:
