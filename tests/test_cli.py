@@ -392,3 +392,26 @@ def test_did_you_mean_prefers_the_same_name_in_another_case(capsys):
     assert capsys.readouterr().err == (
         "modelprof: error: unknown model 'torchvision.models:ResNet18': torchvision.models has no 'ResNet18'; did you mean 'resnet18'?\n"
     )
+
+
+def test_the_help_s_examples_are_commands_the_command_takes():
+    import shlex
+
+    from pytest_modelprof.cli import build_parser
+    from pytest_modelprof.cli.profile import EPILOG
+
+    examples = [shlex.split(line)[1:] for line in EPILOG.splitlines() if line.strip().startswith("modelprof ")]
+    assert len(examples) >= 3
+    for arguments in examples:
+        build_parser().parse_args(arguments)
+
+
+def test_the_help_s_largest_example_profiles_analytically(capsys):
+    # ViT-H/14 at 518 pixels, a training step on the meta device: the model takes that image size
+    assert (
+        main(
+            ["torchvision.models:vit_h_14", "--input", "1x3x518x518", "--kw", "image_size=518", "--device", "meta", "--train"],
+            out=io.StringIO(),
+        )
+        == 0
+    )

@@ -13,7 +13,7 @@ import torch
 from ..budgets import REGRESSED, BudgetError, check, load_budgets
 from ..engine import ProfileError, Timing, profile
 from ..engine.targets.gpus import GPUS, gpu_spec
-from ..options import OptionError, check_device
+from ..options import DEVICES, OptionError, check_device
 from .loading import build_model, load_factory, make_inputs, model_on_meta, parse_keywords, parse_shapes, with_memory_hint, with_shape_hint
 from .output import print_reports, progress, write_outputs
 from .usage import EXIT_REGRESSED, CliError, check_output, common_options
@@ -38,7 +38,7 @@ OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
 EPILOG = """\
 examples:
   modelprof profile torchvision.models:resnet50 --input 1x3x224x224
-  modelprof profile torchvision.models:vit_h_14 --input 1x3x518x518 --device meta --train
+  modelprof profile torchvision.models:vit_h_14 --input 1x3x518x518 --kw image_size=518 --device meta --train
   modelprof profile torchvision.models:vit_b_16 --input 32x3x224x224 --train --optimizer adamw --autocast bfloat16 --target h100
   modelprof profile my_models.py:build --input 8x128 --dtype int64 --kw vocab=32000 --depth 3 --ops
   modelprof profile torchvision.models:resnet18 --input 1x3x224x224 --budgets budgets --name resnet18
@@ -85,7 +85,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         choices=sorted(AUTOCAST),
         help="run the forward pass (and the loss) under torch.autocast in this precision, as mixed-precision training does",
     )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda (cuda:N) or meta for analytic mode (default: cpu)")
+    parser.add_argument("--device", default="cpu", help=f"{DEVICES} (default: cpu)")
     parser.add_argument(
         "--target",
         metavar="GPU",

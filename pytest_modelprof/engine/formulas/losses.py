@@ -108,9 +108,13 @@ def multilabel_margin_loss_backward(
     return None if pairs is None else OpCost(5 * pairs + x.numel())
 
 
-for _packet, _info in REGISTRY.items():  # the per-element losses and their backward ops
-    if _info.family == "loss" and _info.flops_per_element:
-        BUILTIN[_packet] = (_loss_backward if _info.name.endswith("_backward") else reduction)(_info.flops_per_element)
+BUILTIN.update(  # the per-element losses and their backward ops
+    {
+        packet: (_loss_backward if info.name.endswith("_backward") else reduction)(info.flops_per_element)
+        for packet, info in REGISTRY.items()
+        if info.family == "loss" and info.flops_per_element
+    }
+)
 
 
 @register("nll_loss_forward", "nll_loss2d_forward")

@@ -23,9 +23,7 @@ def _foreach(per_element: int) -> Formula:
     return formula
 
 
-for _packet, _info in REGISTRY.items():
-    if _info.family == "foreach":
-        BUILTIN[_packet] = _foreach(_info.flops_per_element)
+BUILTIN.update({packet: _foreach(info.flops_per_element) for packet, info in REGISTRY.items() if info.family == "foreach"})
 
 # Per parameter element, the same steps as the for-loop and foreach forms count:
 # Adam: m lerp (3), v = v * b2 + (1 - b2) g^2 (1 + 3), sqrt (1), bias correction (1),

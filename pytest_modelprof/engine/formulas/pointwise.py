@@ -27,9 +27,7 @@ def _gelu(per_element_erf: int, per_element_tanh: int) -> Formula:
     return formula
 
 
-for _packet, _info in REGISTRY.items():
-    if _info.family == "elementwise":
-        BUILTIN[_packet] = _elementwise(_info.flops_per_element)
+BUILTIN.update({packet: _elementwise(info.flops_per_element) for packet, info in REGISTRY.items() if info.family == "elementwise"})
 for _name in ("gelu", "gelu_"):
     set_formula(_name, _gelu(ELEMENTWISE_FLOPS["gelu"], GELU_TANH_FLOPS))
 set_formula("gelu_backward", _gelu(ELEMENTWISE_FLOPS["gelu_backward"], GELU_TANH_BACKWARD_FLOPS))

@@ -20,9 +20,7 @@ def reduction(per_element: int) -> Formula:
     return formula
 
 
-for _packet, _info in REGISTRY.items():
-    if _info.family == "reduction":
-        BUILTIN[_packet] = reduction(_info.flops_per_element)
+BUILTIN.update({packet: reduction(info.flops_per_element) for packet, info in REGISTRY.items() if info.family == "reduction"})
 
 for _name in ("_softmax", "_log_softmax", "_safe_softmax"):
     set_formula(_name, reduction(SOFTMAX_FLOPS))
