@@ -177,13 +177,15 @@ def test_kill_9_during_updates_leaves_each_file_old_or_new(tmp_path):
     (tmp_path / "new.txt").write_text(new)
     target = tmp_path / "budgets" / "zoo.toml"
     target.parent.mkdir()
-    target.write_text(old)
     for delay in (0.03, 0.13, 0.29):
+        target.write_text(old)
+        before = target.stat().st_mtime_ns
         writer = subprocess.Popen(
             [sys.executable, "-c", KILLED_WRITER, str(target), str(tmp_path / "new.txt"), str(tmp_path / "old.txt")], stdout=subprocess.PIPE
         )
         assert writer.stdout.readline() == b"ready\n"
         assert writer.stdout.read(1) == b"w"  # the writer is writing: the kill lands among its writes
+        assert target.stat().st_mtime_ns > before  # and its first write (the new text) replaced the file
         time.sleep(delay)
         writer.kill()  # SIGKILL: no cleanup runs
         writer.wait()
