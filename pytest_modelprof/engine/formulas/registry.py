@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from ..errors import FormulaError
+from ..ops import packet_of
 from .builtin import BUILTIN, NAMED, Formula, OpCost
 
 _REGISTERED: dict[Any, Formula] = {}  # register_flop_formula's, for every run of this process
@@ -31,11 +32,6 @@ class Call(Protocol):
     def kwargs(self) -> dict[str, Any]: ...
     @property
     def out(self) -> Any: ...
-
-
-def packet_of(op: Any) -> Any:
-    """The overload packet of ``op`` (an overload or a packet)."""
-    return getattr(op, "_overloadpacket", op)
 
 
 def _check(op: Any, formula: Any, where: str) -> None:

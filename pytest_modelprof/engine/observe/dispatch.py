@@ -28,14 +28,14 @@ from torch.utils._pytree import tree_flatten
 
 from ...results import Phase
 from ..analytic.backward import SavedTensors, current_node, in_backward
-from ..ops import METADATA
+from ..ops import METADATA, packet_of
 from .modules import ROOT, ModuleTracker, StackKey
 from .stream import Meter, Op, overrides
 
 
 def op_name(func: Any) -> str:
     """The name ops are reported by: the overload packet (``"aten.mm"``)."""
-    return str(getattr(func, "_overloadpacket", func))
+    return str(packet_of(func))
 
 
 class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]

@@ -21,6 +21,7 @@ from .registry import (
     Kernel,
     OpInfo,
     op_info,
+    packet_of,
 )
 
 __all__ = [
@@ -38,5 +39,6 @@ __all__ = [
     "beneath_the_run",
     "bound_arguments",
     "op_info",
+    "packet_of",
     "reorder_dimensions",
 ]

@@ -308,11 +308,15 @@ REGISTRY: dict[Any, OpInfo] = _build()
 _COMMUNICATION = {namespace: OpInfo(namespace, "communication", moves_data=True) for namespace in COMMUNICATION_NAMESPACES}
 
 
+def packet_of(func: Any) -> Any:
+    """The overload packet of ``func`` (an overload such as ``torch.ops.aten.mm.default``, or a packet itself)."""
+    return getattr(func, "_overloadpacket", func)
+
+
 def op_info(func: Any) -> OpInfo | None:
     """What the engine knows of ``func`` (an overload packet such as ``torch.ops.aten.mm``, or one of its
     overloads); None for an op no table names."""
-    packet = getattr(func, "_overloadpacket", func)
-    info = REGISTRY.get(packet)
+    info = REGISTRY.get(packet_of(func))
     if info is None:
         return _COMMUNICATION.get(getattr(func, "namespace", ""))
     return info
