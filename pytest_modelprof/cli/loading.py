@@ -159,14 +159,13 @@ def make_inputs(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: str) 
     make = torch.randn if dtype.is_floating_point else torch.zeros
     inputs = []
     for shape in shapes:
-        shown = "x".join(map(str, shape))
-        if math.prod(shape) * dtype.itemsize > LARGEST_SIZE:  # no tensor is that large, not even a fake one
-            elements = math.prod(shape)
+        shown, elements = "x".join(map(str, shape)), math.prod(shape)
+        if elements * dtype.itemsize > LARGEST_SIZE:  # no tensor is that large, not even a fake one
             raise CliError(f"bad shape {shown!r}: {elements:,} elements of {dtype.itemsize} bytes, over torch's limit of 2**63 - 1 bytes")
         try:
             inputs.append(make(shape, dtype=dtype, device=device))
         except (RuntimeError, MemoryError) as error:
-            size = math.prod(shape) * dtype.itemsize / 1e9
+            size = elements * dtype.itemsize / 1e9
             kind = str(dtype).removeprefix("torch.")
             hint = ": an analytic run allocates nothing: --device meta" if device != "meta" else f": {one_line(error)}"
             raise CliError(f"cannot allocate an input of shape {shown} ({size:,.1f} GB of {kind}){hint}") from error
