@@ -63,6 +63,9 @@ class MemoryReport:
     timeline: list[tuple[Phase, list[int]]]
     block_bytes: int = 1
     parameters: list[tuple[str, int, int]] = field(default_factory=list)  # (name, weight bytes, gradient bytes)
+    # of the inputs' bytes, those of a KV cache: input tensors of two or more dimensions held, at any depth, by an object
+    # whose class or a base class is named ...Cache (Hugging Face's) or by the keyword past_key_values, cache or kv_cache
+    kv_cache_bytes: int = 0
     # CUDA targets: labelled estimates of what allocated bytes do not show, never added to the
     # peak (reserved_bytes, cuda_context_bytes; None: not estimated), and cudnn_workspace_bytes:
     # the largest of cuDNN's convolution workspaces, which the peak holds (None: not known here,

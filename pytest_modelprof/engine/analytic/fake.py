@@ -13,18 +13,19 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import ProfileError
 from ..ops import beneath_the_run
 from ..targets.gpus import GPUSpec
+from .inputs import Inputs, input_tensors
 
 CUDA_TARGET = torch.device("cuda", 0)  # what the fake tensors of an analytic GPU-target run claim
 
@@ -77,7 +78,21 @@ class RunTensors:
     kwargs: dict[str, Any]
     optimizer: torch.optim.Optimizer | None
     # an analytic run's fake inputs and buffers beside the real tensors they stand for (see values.py)
-    sources: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    sources: Iterable[tuple[torch.Tensor, torch.Tensor]] = ()
+
+
+class StandIns:
+    """Fake tensors beside the real ones they stand for, the fakes held weakly: an input the step drops
+    (a cache's keys, replaced by their concatenation) is freed, as in a real run."""
+
+    def __init__(self) -> None:
+        self._pairs: list[tuple[weakref.ref[torch.Tensor], torch.Tensor]] = []
+
+    def add(self, fake: torch.Tensor, real: torch.Tensor) -> None:
+        self._pairs.append((weakref.ref(fake), real))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return ((fake, real) for ref, real in self._pairs if (fake := ref()) is not None)
 
 
 class ShardedModel(Protocol):
@@ -124,16 +139,19 @@ def run_tensors(workload: Step) -> RunTensors:
     # an optimizer step writes into the parameters: then the run needs copies of its own
     copy_params = workload.optimizer is not None
 
-    stand_ins: list[tuple[torch.Tensor, torch.Tensor]] = []
+    stand_ins = StandIns()
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(target) if fake_mode is None else to_fake(t, fake_mode, target)
 
-    def known(t: torch.Tensor) -> torch.Tensor:
-        """``t`` converted, remembered beside its source: an input's or a buffer's values can be known."""
-        converted = convert(t)
+    def known(t: torch.Tensor, copied: bool = False) -> torch.Tensor:
+        """``t`` converted, remembered beside its source: an input's or a buffer's values can be known. ``copied``: as the
+        real run's copy, on a storage of its own, freed when the run drops it (not a meta tensor's, which the caller
+        holds), and no larger (a view of part of one, a sliding window's keys, holds no more)."""
+        own = copied and (t.device.type == "meta" or _part_of_its_storage(t))
+        converted = convert(t.detach().to("meta", copy=True) if own else t)
         if fake_mode is not None:
-            stand_ins.append((converted, t))
+            stand_ins.add(converted, t)
         return converted
 
     def parameter(t: torch.Tensor) -> torch.Tensor:
@@ -142,15 +160,13 @@ def run_tensors(workload: Step) -> RunTensors:
         run = t.detach().to(target, copy=True) if copy_params and fake_mode is None else convert(t)
         return run.requires_grad_(t.requires_grad)  # as the caller's: matmul folds by it, and grad-enabled inference saves by it
 
-    def copy(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
-        copied = t.detach().to(target, copy=True) if fake_mode is None else known(t)
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        copied = t.detach().to(target, copy=True) if fake_mode is None else known(t, copied=True)
         if copied.is_floating_point() or copied.is_complex():
             copied.requires_grad_(t.requires_grad)
         return copied
 
-    args, kwargs = tree_map(copy, (workload.args, workload.kwargs))
+    args, kwargs = Inputs(copy, target).of(workload.args, workload.kwargs)
     cuda_defaults = fake_mode is not None and target.type == "cuda"
     if workload.sharded is not None:  # the run's own sharded copy of the model: its tensors as they are
         params, buffers = dict(workload.named_params), dict(workload.named_buffers)
@@ -169,6 +185,11 @@ def run_tensors(workload: Step) -> RunTensors:
     return RunTensors(params, buffers, args, kwargs, run_optimizer, stand_ins)
 
 
+def _part_of_its_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` (a dense tensor of torch's own class) is a view of part of its storage."""
+    return type(t) is torch.Tensor and t.layout == torch.strided and t.untyped_storage().nbytes() > t.numel() * t.element_size()
+
+
 def _source_name(name: str, sources: Mapping[str, torch.Tensor]) -> str | None:
     """The caller's name of the run's parameter ``name`` (a wrapper such as DDP adds ``module.``)."""
     if name in sources:
@@ -177,8 +198,9 @@ def _source_name(name: str, sources: Mapping[str, torch.Tensor]) -> str | None:
     return unwrapped if unwrapped in sources else None
 
 
-def tensors_in(values: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(values)[0] if isinstance(t, torch.Tensor)]
+def tensors_in(inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> list[torch.Tensor]:
+    """The tensors of ``(args, kwargs)``, each once, those objects hold included (see :class:`.inputs.Inputs`)."""
+    return input_tensors(*inputs)[0]
 
 
 def _copy_optimizer(

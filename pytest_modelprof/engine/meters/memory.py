@@ -10,7 +10,9 @@ Categories: parameters, buffers and inputs (resident from the start); gradients 
 ``AccumulateGrad`` stores in ``.grad``); activations (saved for the backward pass, seen
 by a saved-tensors hook); optimizer state; temporaries (everything else the run
 allocates). A storage moves from temporaries to activations or gradients when it
-becomes one; parameters, buffers, inputs and optimizer state never change category.
+becomes one; parameters, buffers, inputs and optimizer state never change category. The
+inputs are every tensor the arguments reach, those objects hold included (a KV cache, a
+``BlockMask``: :class:`..analytic.inputs.Inputs`); ``kv_cache_bytes`` is the KV cache's share.
 
 A sharded step (:mod:`..distributed`) counts what its rank holds: a DTensor's local shard.
 Its parameters are this rank's shards; ``unsharded_parameters`` are the storages FSDP2
@@ -41,6 +43,7 @@ from torch.utils._pytree import tree_flatten
 
 from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Phase, Profile
 from ..analytic.fake import RunTensors
+from ..analytic.inputs import input_tensors
 from ..distributed import local, storage_resizes
 from ..observe.modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
 from ..targets import cudnn
@@ -84,6 +87,7 @@ class MemoryMeter(Meter):
         self.module_peaks: dict[tuple[str, bool], int] = {}  # (path, in backward) -> most bytes in use
         self.allocated = 0  # bytes of new storages so far: the difference across an op is what it allocated
         self.parameters: list[tuple[str, int, int]] = []  # (name, weight bytes, gradient bytes)
+        self.kv_cache_bytes = 0  # of the inputs' bytes, those of a KV cache (see analytic.inputs.Inputs)
         self.op_bytes: dict[tuple[Phase, StackKey, str], list[int]] = {}  # (phase, stack, op) -> [calls, bytes allocated]
         self._run: RunTensors | None = None
         self._target: torch.device | None = None
@@ -109,7 +113,9 @@ class MemoryMeter(Meter):
 
     def start(self, run: RunTensors, target: torch.device) -> None:
         self._set_rounding(self._asked or (CUDA_BLOCK if target.type == "cuda" else 1))
-        tensors = tree_flatten((run.params, run.buffers, run.args, run.kwargs))[0]
+        # (not kept: an input the step drops, a cache's keys replaced by their concatenation, is freed)
+        inputs, kv_cache = input_tensors(run.args, run.kwargs)
+        tensors = [*tree_flatten((run.params, run.buffers))[0], *inputs]
         self._real_cuda = target.type == "cuda" and torch.cuda.is_available() and not any(isinstance(t, FakeTensor) for t in tensors)
         if self._real_cuda:  # the allocator's own figures for the step, beside the modelled ones
             torch.cuda.synchronize(target)
@@ -128,7 +134,9 @@ class MemoryMeter(Meter):
             self._cudnn_device = cudnn.Device.present(target)
         self.track_all(run.params, PARAMETERS)
         self.track_all(run.buffers, BUFFERS)
-        self.track_all((run.args, run.kwargs), INPUTS)
+        self.track_all(inputs, INPUTS)  # those objects hold (a KV cache, a BlockMask) included
+        cache = {part.untyped_storage()._cdata for t in kv_cache for part in _parts(t)}
+        self.kv_cache_bytes = sum(self.live[address][0] for address in cache if address in self.live)
         self.track_all([t.grad for t in run.params.values() if t.grad is not None], GRADIENTS)
         self._resizes = storage_resizes(self._resized_up, self._resized_down)  # FSDP2's, which no op shows
         self._resizes.__enter__()
@@ -345,6 +353,7 @@ class MemoryMeter(Meter):
             timeline=[(phase, list(row)) for phase, row in self.timeline],
             block_bytes=self.round_to,
             parameters=self.parameters,
+            kv_cache_bytes=self.kv_cache_bytes,
             estimates=self._cuda_estimates(workspaces) if self.events is not None else {},
             measured=dict(self.measured),
         )
