@@ -30,6 +30,7 @@ from . import (  # noqa: F401  (each family module registers its formulas when i
     optim,
     pointwise,
     pool,
+    quantized,
     reductions,
     rnn,
     selection,

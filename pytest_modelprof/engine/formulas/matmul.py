@@ -11,7 +11,7 @@ from .builtin import OpCost, first_tensor, from_macs, register
 from .pointwise import GELU_TANH_FLOPS
 
 
-@register("mm", "_scaled_mm")
+@register("mm")
 def mm(a: torch.Tensor, b: torch.Tensor, *_: Any, out_val: Any = None, **__: Any) -> OpCost:
     m, k = a.shape
     return from_macs(m * k * b.shape[1])

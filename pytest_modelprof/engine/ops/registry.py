@@ -74,7 +74,8 @@ class OpInfo:
     scratch: Scratch | None = None  # what its CUDA kernel allocates while it runs, if anything
     accumulator: Accumulator | None = None  # a reduction's, where its CUDA kernel stages partial results
     cublas: bool = False  # runs through cuBLAS: the thread's cuBLAS workspace is allocated by its first call
-    cublas_lt: bool = False  # through cuBLASLt too (a bias epilogue): its workspace as well
+    cublas_lt: bool = False  # through cuBLASLt too (a bias epilogue, integer and fp8 products): its workspace as well
+    math: torch.dtype | None = None  # the dtype its math runs in where its floating tensors do not say it (integer products)
 
 
 # FLOPs per output element of elementwise kernels (in-place variants share them)
@@ -181,8 +182,14 @@ _SELECTION = "sort topk kthvalue median nanmedian nonzero nonzero_static argwher
 # the host waits for these: a value read back, an output sized by values
 _SYNCHRONIZING = "_local_scalar_dense item nonzero masked_select".split()
 
-# the kernels of the cost model's compute kinds (a matrix product's in-place variants included)
-_PRODUCTS = "mm addmm bmm baddbmm addbmm _scaled_mm _grouped_mm addmv mv dot vdot addr _addmm_activation".split()
+# the kernels of the cost model's compute kinds (a matrix product's in-place variants included); the quantized
+# products: int8 x int8 (cuBLASLt's integer product), fp8 with scales, weight-only int4 (tinygemm's tensor-core kernel
+# on CUDA; its CPU form takes the CPU's packing)
+_PRODUCTS = """mm addmm bmm baddbmm addbmm _grouped_mm addmv mv dot vdot addr _addmm_activation
+_int_mm _scaled_mm _scaled_mm_v2 _weight_int4pack_mm _weight_int4pack_mm_for_cpu""".split()
+# weight-only int8: CUDA's kernel computes an output element per thread on CUDA cores (float32), off the tensor cores
+_CUDA_CORE_PRODUCTS = ["_weight_int8pack_mm"]
+_INTEGER_PRODUCTS = {"_int_mm": torch.int8}  # int8 (or uint8) x int8 into int32, on the tensor cores' int8 math
 _CONVOLUTIONS = "convolution convolution_backward cudnn_convolution cudnn_convolution_transpose _convolution".split()
 _NARROW_CONVOLUTIONS = "_conv_depthwise2d conv_depthwise3d".split()
 _ATTENTION = [
@@ -228,8 +235,10 @@ _ACCUMULATORS: dict[str, Accumulator] = {
     **dict.fromkeys("var std var_mean std_mean".split(), "welford"),
     **dict.fromkeys("any all".split(), "boolean"),
 }
-_CUBLAS = "mm addmm bmm baddbmm _addmm_activation addmv mv dot _scaled_mm".split()
-_CUBLAS_LT = "addmm _addmm_activation".split()  # a product with a bias epilogue
+_CUBLAS = "mm addmm bmm baddbmm _addmm_activation addmv mv dot _int_mm _scaled_mm _scaled_mm_v2".split()
+# a product with a bias epilogue, and cuBLASLt's integer and fp8 products (fp8 with row-wise scales takes CUTLASS's
+# kernel on sm_90 instead: its workspaces are then overstated)
+_CUBLAS_LT = "addmm _addmm_activation _int_mm _scaled_mm _scaled_mm_v2".split()
 
 # Collectives and FSDP2's copies in and out of its all-gather buffers: data moved, 0 FLOPs
 # (what a collective moves is the collective meter's)
@@ -273,6 +282,9 @@ def _build() -> dict[Any, OpInfo]:
         add([name], family="loss", flops_per_element=per_element)
     add(_REDUCED_LOSSES, family="loss", reduced_loss=True)
     add((name + suffix for name in _PRODUCTS for suffix in ("", "_")), family="product", kernel="matmul")
+    add(_CUDA_CORE_PRODUCTS, family="product")
+    for name, dtype in _INTEGER_PRODUCTS.items():
+        add([name], math=dtype)
     add(_CONVOLUTIONS, family="convolution", kernel="conv")
     add(_NARROW_CONVOLUTIONS, family="convolution", kernel="conv_narrow")
     add(_ATTENTION, family="attention", kernel="attention")

@@ -7,7 +7,8 @@ and at least a kernel's minimum duration. The math: matrix products, convolution
 attention and recurrent kernels run on tensor cores in bfloat16/float16, and in float32
 on TF32 tensor cores where PyTorch allows it (``torch.backends.cudnn.allow_tf32``, on by
 default, for convolutions and cuDNN; ``torch.backends.cuda.matmul.allow_tf32``, off by
-default, for matrix products); everything else runs on CUDA cores.
+default, for matrix products); quantized products on their operands' math, fp8 or int8 tensor
+cores (:func:`math_peak`); everything else runs on CUDA cores.
 
 Three shapes of work change how close a kernel comes to its peak. A matrix product on
 tensor cores (:func:`gemms_of`: a convolution's implicit product, attention per head, a
@@ -85,8 +86,29 @@ def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
     return kind
 
 
+# ops whose math is not that of their floating tensors (:attr:`~..ops.OpInfo.math`): the integer products
+MATH_OF: dict[str, torch.dtype] = {info.name: info.math for info in REGISTRY.values() if info.math is not None}
+# the tensor cores' narrow math, by operand dtype: fp8 (e4m3 and e5m2, and AMD's fnuz forms) and int8
+NARROW_MATH: dict[torch.dtype, str] = {
+    **{
+        getattr(torch, name): "float8"
+        for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+        if hasattr(torch, name)
+    },
+    torch.int8: "int8",
+}
+
+
 def math_peak(gpu: GPUSpec, kind: Kind, dtype: torch.dtype) -> float:
-    """The peak FLOP/s of the math an op of ``kind`` runs in ``dtype`` on ``gpu``."""
+    """The peak FLOP/s of the math an op of ``kind`` runs in ``dtype`` on ``gpu``. On tensor cores, fp8 and
+    int8 operands run at the GPU's ``float8`` and ``int8`` peaks; a GPU without them (the A100 and A10G
+    have no fp8, where PyTorch's ``_scaled_mm`` refuses to run) at its 16-bit peak, as if the operands were
+    widened to float16."""
+    narrow = NARROW_MATH.get(dtype) if kind in COMPUTE_KINDS else None
+    if narrow is not None:
+        if narrow in gpu.peak_flops:
+            return gpu.peak_flops[narrow]
+        dtype = torch.float16
     if dtype in (torch.bfloat16, torch.float16):
         name = str(dtype).removeprefix("torch.")
         if kind in COMPUTE_KINDS and name in gpu.peak_flops:
@@ -164,7 +186,7 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> tuple[
     kind = work.kind
     bandwidth = gpu.bandwidth * efficiency["memory"]
     if kind in COMPUTE_KINDS:
-        peak = math_peak(gpu, kind, work.dtype) * efficiency.get(kind, 1.0)
+        peak = math_peak(gpu, kind, MATH_OF.get(work.name, work.dtype)) * efficiency.get(kind, 1.0)
         if work.gemms:
             # library products are split along long reductions; attention and recurrent kernels schedule their own
             half, sms = calibration.gemm_half, gpu.sm_count if kind in SPLIT_KINDS else 0
@@ -210,6 +232,9 @@ def conv_channels(name: str, args: tuple[object, ...], weight: torch.Tensor) -> 
     return weight.shape[1], weight.shape[0] // groups, groups
 
 
+_QUANTIZED_PRODUCTS = frozenset({"_int_mm", "_scaled_mm", "_scaled_mm_v2", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu"})
+
+
 def gemms_of(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ...]:
     """The matrix products behind an op on tensor cores, by shape (empty where its shape is not known
     to this function: the kind's efficiency alone applies). A convolution is an implicit product
@@ -227,6 +252,12 @@ def gemms_of(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ..
         return (Gemm(batch * a.shape[-2], b.shape[-1], a.shape[-1]),)
     if base in ("convolution", "_convolution", "cudnn_convolution", "convolution_backward"):
         return _conv_gemms(name, args, out)
+    if base in _QUANTIZED_PRODUCTS:
+        # the first operand and the output give the shape: the weight may be packed, the tensors after it are scales
+        operand, y = _tensor(_arg(args, 0)), _tensor(out)
+        if operand is None or y is None or y.dim() != 2 or y.shape[0] == 0:
+            return ()
+        return (Gemm(y.shape[0], y.shape[1], operand.numel() // y.shape[0]),)
     if "attention" in base and len(tensors) >= 3:
         q, k = (tensors[1], tensors[2]) if base.endswith("backward") else (tensors[0], tensors[1])
         if q.dim() != 4 or k.dim() != 4 or not base.startswith("_scaled_dot_product"):

@@ -4,7 +4,7 @@ Figures are the vendors' datasheet figures for dense math (no structured sparsit
 ``memory_bytes`` is the memory the driver reports (``nvidia-smi``'s total, in MiB),
 ``bandwidth`` the memory bandwidth in bytes/s, ``peak_flops`` the peak FLOP/s per
 dtype of the math the GPU runs for it (tensor cores for ``bfloat16``/``float16``/
-``float8``, and for ``tf32``; CUDA cores for ``float32`` and ``float64``),
+``float8``, for ``int8`` and for ``tf32``; CUDA cores for ``float32`` and ``float64``),
 ``compute_capability`` what ``torch.cuda.get_device_capability`` returns (it decides
 kernels: the attention backend, the cuBLAS workspace), and ``interconnect`` the
 GPU-to-GPU bandwidth per direction in bytes/s (NVLink, else PCIe) between the
@@ -198,9 +198,14 @@ H100_CALIBRATION = Calibration(
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11)",
 )
 
-# peak FLOP/s per dtype (TFLOP/s, dense), the datasheets' figures
-_HOPPER = {"float64": 67, "float32": 67, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8": 1978.9}  # H100 SXM5
-_AMPERE = {"float64": 19.5, "float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312}  # A100 SXM4
+# peak FLOP/s per dtype (TFLOP/s; int8 in TOPS), dense, the datasheets' figures. The datasheets give fp8 and int8
+# with structured sparsity: these are half that. "float8" is e4m3 and e5m2 alike, accumulated in float32 (as
+# cuBLASLt's fp8 products are); a GPU without fp8 tensor cores (A100, A10G) has no "float8" entry (see
+# :func:`.cost.math_peak` for what its fp8 products are priced at)
+# H100 SXM5 (NVIDIA H100 datasheet: fp8 3958, int8 3958 sparse; the H200 datasheet gives the same)
+_HOPPER = {"float64": 67, "float32": 67, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8": 1978.9, "int8": 1978.9}
+# A100 SXM4 (NVIDIA A100 datasheet: int8 624 dense, 1248 sparse)
+_AMPERE = {"float64": 19.5, "float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312, "int8": 624}
 
 
 def _teraflops(figures: Mapping[str, float]) -> dict[str, float]:
@@ -225,11 +230,13 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
                 calibration=H100_CALIBRATION,
                 network=400 / 8 * G,
             ),
-            GPUSpec(
+            GPUSpec(  # H100 PCIe (NVIDIA H100 datasheet: fp8 3026, int8 3026 sparse)
                 name="h100-pcie",
                 memory_bytes=81559 * MiB,
                 bandwidth=2.0e12,
-                peak_flops=_teraflops({"float64": 51.2, "float32": 51.2, "tf32": 378, "bfloat16": 756, "float16": 756, "float8": 1513}),
+                peak_flops=_teraflops(
+                    {"float64": 51.2, "float32": 51.2, "tf32": 378, "bfloat16": 756, "float16": 756, "float8": 1513, "int8": 1513}
+                ),
                 sm_count=114,
                 compute_capability=(9, 0),
                 interconnect=64 * G,
@@ -265,32 +272,34 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
                 interconnect=300 * G,
                 network=200 / 8 * G,
             ),
-            GPUSpec(
+            GPUSpec(  # L4 (NVIDIA L4 datasheet: fp8 485, int8 485 sparse)
                 name="l4",
                 memory_bytes=23034 * MiB,
                 bandwidth=300e9,
-                peak_flops=_teraflops({"float64": 0.47, "float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "float8": 242.5}),
+                peak_flops=_teraflops(
+                    {"float64": 0.47, "float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "float8": 242.5, "int8": 242.5}
+                ),
                 sm_count=58,
                 compute_capability=(8, 9),
                 interconnect=32 * G,
                 network=_SHARED_NIC,
             ),
-            GPUSpec(
+            GPUSpec(  # A10G: no fp8; int8 at twice its fp16 rate, as the A10 datasheet's GA102 (125 TFLOP/s fp16, 250 TOPS int8)
                 name="a10g",
                 memory_bytes=23028 * MiB,
                 bandwidth=600e9,
-                peak_flops=_teraflops({"float64": 0.98, "float32": 31.2, "tf32": 35, "bfloat16": 70, "float16": 70}),
+                peak_flops=_teraflops({"float64": 0.98, "float32": 31.2, "tf32": 35, "bfloat16": 70, "float16": 70, "int8": 140}),
                 sm_count=80,
                 compute_capability=(8, 6),
                 interconnect=32 * G,
                 network=_SHARED_NIC,
             ),
-            GPUSpec(
+            GPUSpec(  # RTX 4090 (NVIDIA Ada whitepaper: fp8 with fp32 accumulate 330.3, int8 660.6 dense)
                 name="rtx4090",
                 memory_bytes=24564 * MiB,
                 bandwidth=1008e9,
                 peak_flops=_teraflops(
-                    {"float64": 1.29, "float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2, "float8": 330.3}
+                    {"float64": 1.29, "float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2, "float8": 330.3, "int8": 660.6}
                 ),
                 sm_count=128,
                 compute_capability=(8, 9),
