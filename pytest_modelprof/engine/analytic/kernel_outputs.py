@@ -64,6 +64,7 @@ import math
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch._prims_common import make_contiguous_strides_for, suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -202,10 +203,14 @@ def _onednn_lstm_gradients(out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor,
 class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Gives the outputs the module's notes list the storage and layout their kernels give them (fake tensors only)."""
 
+    supports_higher_order_operators = True  # and passes them on (see observe/hops.py)
+
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if isinstance(func, HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         fake = any(isinstance(a, FakeTensor) for a in args[:3])  # a number may come first (pow.Scalar)
         if fake and func in _ONE_DTYPE:

@@ -31,6 +31,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import ProfileError
@@ -67,6 +68,8 @@ _COUNTS_BY_ELEMENT = {aten.unbind.int, aten.select.int}
 class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Follows router indices and the masks made of them; answers ``nonzero`` on those masks."""
 
+    supports_higher_order_operators = True  # and passes them on (see observe/hops.py)
+
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         # id(tensor) -> (tensor, value): ("indices", n) uniform over n choices; ("density", p) a mask
@@ -84,6 +87,8 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._known[id(t)] = (weakref.ref(t), value)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if isinstance(func, HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         if func is aten.nonzero.default:
             return self._nonzero(args[0])

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
@@ -90,6 +91,8 @@ class RandomValueRead(DataDependentOutputException):
 class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Works out the values of small tensors made from constants and ``sources`` (pairs of a run's fake
     tensor and the real tensor it stands for), and answers reads of them (see the module's notes)."""
+
+    supports_higher_order_operators = True  # and passes them on (see observe/hops.py)
 
     def __init__(
         self,
@@ -164,6 +167,8 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
     # dispatch --------------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if isinstance(func, HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         if func in METADATA:
             return func(*args, **kwargs)

@@ -22,6 +22,7 @@ what an op *is* (view, elementwise, reduction, ...) is the op registry's (:mod:`
 from . import (  # noqa: F401  (each family module registers its formulas when imported)
     attention,
     conv,
+    flex,
     indexing,
     linalg,
     losses,

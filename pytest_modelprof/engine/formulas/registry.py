@@ -35,8 +35,8 @@ class Call(Protocol):
 
 
 def _check(op: Any, formula: Any, where: str) -> None:
-    if not isinstance(op, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
-        raise TypeError(f"{where} expects an op such as torch.ops.aten.mm, got {op!r}")
+    if not isinstance(op, (torch._ops.OpOverloadPacket, torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+        raise TypeError(f"{where} expects an op such as torch.ops.aten.mm (or a higher-order operator), got {op!r}")
     if not callable(formula):
         raise TypeError(f"the FLOP formula for {op} must be callable, got {formula!r}")
 

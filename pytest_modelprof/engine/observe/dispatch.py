@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten
 from ...results import Phase
 from ..analytic.backward import SavedTensors, current_node, in_backward
 from ..ops import METADATA, packet_of
+from .hops import eager_higher_order, hop_name, is_hop, one_op, run_eagerly
 from .modules import ROOT, ModuleTracker, StackKey
 from .stream import Meter, Op, overrides
 
@@ -79,6 +80,7 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._saver(savers, saved), unpack))
                 if saved is not None:
                     stack.enter_context(saved.nested())
+            stack.enter_context(eager_higher_order())
             stack.enter_context(self.tracker)
             stack.enter_context(self)
             stack.callback(self._settle)
@@ -114,10 +116,14 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return self.region, (), None  # type: ignore[return-value]
         return "forward", self.tracker.key or ROOT, None
 
+    supports_higher_order_operators = True  # see hops.py
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in METADATA:
             return func(*args, **kwargs)
+        if is_hop(func):
+            return self._higher_order(func, args, kwargs)
         if self._transparent and any(issubclass(t, self._transparent) for t in types):
             return NotImplemented  # the subclass runs its inner ops, which come back here
         name, decompose = self._names.get(func) or self._resolve(func)
@@ -129,6 +135,10 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         out = func(*args, **kwargs)
         if self._transparent and _shape_propagation(out, self._fake_mode):
             return out  # DTensor working out an output's shape: no work of the rank
+        return self._ran(func, name, args, kwargs, out)
+
+    def _ran(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
+        """Hand the op that ran to the meters; its output."""
         phase, key, node = self.where()
         op = Op(func, name, args, kwargs, out, phase, key, node)
         for handle in self._op_handlers:
@@ -137,8 +147,16 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.captured_ops += 1
         return out
 
+    def _higher_order(self, hop: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """A higher-order operator: one op where it is a kernel (or the run has a formula for it), else
+        its eager kernel with its ops dispatched here (see hops.py)."""
+        name, decompose = self._names.get(hop) or self._resolve(hop)
+        if one_op(hop, args, kwargs, has_formula=bool(self._decomposers) and not decompose):
+            return self._ran(hop, name, args, kwargs, hop(*args, **kwargs))
+        return run_eagerly(self, hop, args, kwargs)
+
     def _resolve(self, func: Any) -> tuple[str, bool]:
-        entry = (op_name(func), any(m.wants_decomposition(func) for m in self._decomposers))
+        entry = (hop_name(func) if is_hop(func) else op_name(func), any(m.wants_decomposition(func) for m in self._decomposers))
         self._names[func] = entry
         return entry
 

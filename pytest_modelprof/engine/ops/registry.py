@@ -313,6 +313,10 @@ def _build() -> dict[Any, OpInfo]:
             packet = getattr(namespace, name, None)
             if packet is not None:
                 registry[packet] = OpInfo(str(packet), "metadata")
+    for name in ("flex_attention", "flex_attention_backward"):  # higher-order operators a CUDA target runs as one kernel
+        hop = getattr(torch.ops.higher_order, name, None)
+        if hop is not None:
+            registry[hop] = OpInfo(f"higher_order.{name}", "attention", kernel="attention")
     return registry
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -198,12 +199,16 @@ def calibration_workload(device: torch.device) -> Callable[[], Any]:
 class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records the ops of a call, and the random ones among them (dropout, sampling)."""
 
+    supports_higher_order_operators = True  # and passes them on (see observe/hops.py)
+
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[str] = []
         self.random: set[str] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if isinstance(func, HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
         name = str(func.overloadpacket)
         self.ops.append(name)
         if torch.Tag.nondeterministic_seeded in func.tags and _draws(func, args, kwargs or {}):

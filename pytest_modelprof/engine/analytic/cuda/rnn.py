@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -101,12 +102,16 @@ class CudaOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
     cannot call): that clone of a reserve is answered with the reserve itself.
     """
 
+    supports_higher_order_operators = True  # and passes them on (see observe/hops.py)
+
     def __init__(self, values: Callable[[torch.Tensor], torch.Tensor | None] = lambda t: None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._reserves: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         self._values = values
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if isinstance(func, HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         if func is aten._cudnn_rnn.default:
             out = self._forward(*args, **kwargs)

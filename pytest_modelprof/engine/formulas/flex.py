@@ -1,0 +1,168 @@
+"""Flex attention as one fused kernel (``torch.nn.attention.flex_attention`` on a CUDA target).
+
+The fused kernel walks the ``BlockMask``'s blocks: for each query block it computes the key blocks the
+mask lists (partial blocks, where ``mask_mod`` is evaluated per score, and full blocks, where it is not)
+and skips the rest. Its work is therefore attention's over the *computed* scores: the two products
+(``Q K^T`` and ``P V``, ``d_qk + d_v`` MACs per score), the scaling and online softmax, ``score_mod``'s
+elementwise work on every computed score and ``mask_mod``'s on the scores of partial blocks. A block at
+the edge of the sequence holds only the rows and columns that exist. Without a mask every block is
+computed: the count is dense attention's.
+
+The blocks come from the mask's block counts and indices where the run has their values (a mask made on
+real tensors); otherwise they are worked out from ``mask_mod`` itself, evaluated on the CPU over every
+(query, key) position beneath the run, a query-block strip at a time. A ``mask_mod`` that reads tensors
+the run has no values of (fake tensors it closes over) leaves the call uncounted, never zero. The
+backward kernel recomputes the scores from the saved log-sum-exp and forms ``dV``, ``dP``, ``dQ`` and
+``dK`` over the same blocks (:func:`.attention._attention_backward`'s count per score).
+
+On a CPU, flex attention runs its eager dense path, which the run counts op by op (see
+``observe/hops.py``); these formulas are the fused kernel's only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._higher_order_ops.flex_attention import flex_attention as _FLEX
+from torch._higher_order_ops.flex_attention import flex_attention_backward as _FLEX_BACKWARD
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..ops import beneath_the_run
+from .attention import _attention_backward, _attention_forward
+from .builtin import BUILTIN, OpCost, has_values
+
+_STRIP = 1 << 24  # (query, key) positions of mask_mod evaluated at once
+
+
+class _Blocks:
+    """The scores the kernel computes: in all, and in partial blocks (where ``mask_mod`` runs)."""
+
+    def __init__(self, computed: int, partial: int) -> None:
+        self.computed = computed
+        self.partial = partial
+
+
+def _extent(index: int, block: int, length: int) -> int:
+    return max(0, min(block, length - index * block))
+
+
+def _from_values(block_mask: tuple[Any, ...], s_q: int, s_kv: int) -> _Blocks:
+    """The computed scores from the mask's block counts and indices (real tensors)."""
+    q_block, kv_block = block_mask[-3], block_mask[-2]
+    totals = []
+    with beneath_the_run():
+        for counts, indices in ((block_mask[2], block_mask[3]), (block_mask[4], block_mask[5])):
+            if counts is None:
+                totals.append(0)
+                continue
+            counts, indices = counts.cpu().long(), indices.cpu().long()
+            rows = torch.tensor([_extent(i, q_block, s_q) for i in range(counts.shape[-1])])
+            columns = torch.tensor([_extent(j, kv_block, s_kv) for j in range(indices.shape[-1])])
+            listed = torch.arange(indices.shape[-1]) < counts.unsqueeze(-1)  # the first `count` indices of each row
+            areas = rows.unsqueeze(-1) * columns[indices.clamp(0, indices.shape[-1] - 1)]
+            totals.append(int((areas * listed).sum()))
+    return _Blocks(totals[0] + totals[1], totals[0])
+
+
+def _from_mask_mod(mask_mod: Callable[..., Any], heads: tuple[int, int], q_block: int, kv_block: int, s_q: int, s_kv: int) -> _Blocks:
+    """The computed scores from ``mask_mod`` evaluated over every position (see the module's notes)."""
+    batch, head = heads
+    q_blocks, kv_blocks = -(-s_q // q_block), -(-s_kv // kv_block)
+    strip = max(1, _STRIP // max(1, batch * head * q_block * kv_blocks * kv_block))  # query blocks per evaluation
+    computed = partial = 0
+    with beneath_the_run():
+        b = torch.arange(batch).view(-1, 1, 1, 1)
+        h = torch.arange(head).view(1, -1, 1, 1)
+        kv = torch.arange(kv_blocks * kv_block).view(1, 1, 1, -1)
+        for first in range(0, q_blocks, strip):
+            last = min(q_blocks, first + strip)
+            q = torch.arange(first * q_block, last * q_block).view(1, 1, -1, 1)
+            allowed = torch.broadcast_to(mask_mod(b, h, q, kv), (batch, head, q.shape[2], kv.shape[3]))
+            allowed = allowed & (q < s_q) & (kv < s_kv)  # positions past the sequence are none
+            tiles = allowed.reshape(batch, head, last - first, q_block, kv_blocks, kv_block)
+            kept = tiles.sum((3, 5))  # scores each block keeps
+            rows = torch.tensor([_extent(i, q_block, s_q) for i in range(first, last)]).view(-1, 1)
+            columns = torch.tensor([_extent(j, kv_block, s_kv) for j in range(kv_blocks)]).view(1, -1)
+            area = rows * columns
+            computed += int((area * (kept > 0)).sum())
+            partial += int((area * ((kept > 0) & (kept < area))).sum())
+    return _Blocks(computed, partial)
+
+
+def _blocks(query: torch.Tensor, key: torch.Tensor, block_mask: tuple[Any, ...]) -> _Blocks | None:
+    """The scores the kernel computes for every query head (None: the run cannot tell)."""
+    counts = block_mask[2]
+    s_q, s_kv = query.shape[-2], key.shape[-2]
+    mask_batch, mask_heads = counts.shape[0], counts.shape[1]
+    if has_values(counts):
+        blocks = _from_values(block_mask, s_q, s_kv)
+    else:
+        mask_mod = block_mask[-1]
+        q_block, kv_block = min(block_mask[-3], s_q), min(block_mask[-2], s_kv)
+        try:
+            blocks = _from_mask_mod(mask_mod, (mask_batch, mask_heads), q_block, kv_block, s_q, s_kv)
+        except Exception:  # a mask_mod that reads values the run does not have
+            return None
+    repeat = (query.shape[0] // mask_batch) * (query.shape[1] // mask_heads)
+    return _Blocks(blocks.computed * repeat, blocks.partial * repeat)
+
+
+def _mod_flops(mod: Callable[..., Any] | None, score: bool) -> int:
+    """FLOPs of one evaluation of ``score_mod`` (``score``) or ``mask_mod``, on single values beneath the run."""
+    if mod is None:
+        return 0
+    counter = _Counter()
+    index = torch.zeros((), dtype=torch.int32)
+    operands = (torch.zeros(()), index, index, index, index) if score else (index, index, index, index)
+    try:
+        with beneath_the_run(), counter:
+            mod(*operands)
+    except Exception:  # a mod that reads tensors the run has no values of: its products are still counted
+        return 0
+    return counter.flops
+
+
+class _Counter(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Sums the built-in formulas' FLOPs of the ops run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.flops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = BUILTIN.get(func.overloadpacket)
+        if formula is not None:
+            cost = formula(*args, out_val=out, **kwargs)
+            self.flops += cost.flops if isinstance(cost, OpCost) else int(cost or 0)
+        return out
+
+
+def _flex_forward(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod: Any, block_mask: tuple[Any, ...], *_: Any, **__: Any
+) -> OpCost | None:
+    blocks = _blocks(query, key, block_mask)
+    if blocks is None:
+        return None
+    cost = _attention_forward(blocks.computed, query.shape[-1], value.shape[-1], masked=False)
+    mods = blocks.computed * _mod_flops(score_mod, score=True) + blocks.partial * _mod_flops(block_mask[-1], score=False)
+    return cost._replace(flops=cost.flops + mods)
+
+
+def _flex_backward(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor, *args: Any, **kwargs: Any
+) -> OpCost | None:
+    block_mask = args[5] if len(args) > 5 else kwargs["block_mask"]
+    blocks = _blocks(query, key, block_mask)
+    if blocks is None:
+        return None
+    outputs = math.prod(out.shape)
+    return _attention_backward(blocks.computed, outputs, query.shape[-1], value.shape[-1])
+
+
+BUILTIN[_FLEX] = _flex_forward
+BUILTIN[_FLEX_BACKWARD] = _flex_backward
