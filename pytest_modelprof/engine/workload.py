@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten
 
 from .analytic.backward import HookGuard, SavedTensors, run_backward
 from .analytic.fake import RunTensors, choose_mode, run_tensors, tensors_in
+from .analytic.inputs import Inputs
 from .analytic.modes import analytic_modes, attributes_kept
 from .analytic.values import unknown_value_hint
 from .distributed import Parallel, wait_for
@@ -205,8 +206,12 @@ class Workload:
                 self.model.train(self.train)
             run = Run(self, tensors)
             if self.parallel is not None:
-                # a steady step: FSDP2 sets itself up in the first one, and the optimizer makes its state
+                # a steady step: FSDP2 sets itself up in the first one, and the optimizer makes its state;
+                # an input the step changes (a cache that grows) is as it was for the next
+                restore = run.inputs_kept()
                 run.step()
+                restore()
+                del restore
             yield run
 
 
@@ -244,6 +249,21 @@ class Run:
         reparametrize = torch.nn.utils.stateless._reparametrize_module
         lifo = {"stack_weights": True} if "stack_weights" in inspect.signature(reparametrize).parameters else {}
         return reparametrize(self.workload.model, self._state, tie_weights=True, strict=False, **lifo)
+
+    def inputs_kept(self) -> Callable[[], None]:
+        """A way back to the run's inputs as they are now: calling it gives the run fresh copies of the objects
+        and containers that hold them (the tensors shared), so that a step that changed an input object (a KV
+        cache that grew) leaves the next step's inputs as they were. Inputs that are tensors and containers
+        alone need none: calling it then does nothing."""
+        kept = self.tensors.args, self.tensors.kwargs
+        if all(isinstance(leaf, (torch.Tensor, int, float, bool, str, type(None))) for leaf in tree_flatten(kept)[0]):
+            return lambda: None
+
+        def restore() -> None:
+            self.tensors.args, self.tensors.kwargs = Inputs(_same).of(*kept)
+
+        kept = Inputs(_same).of(*kept)
+        return restore
 
     def step(self, region: Callable[[str], None] | None = None, tracker: ModuleTracker | None = None) -> Any:
         """Run one step; its output (None for a training step). ``region`` hears the step move on (``"loss"``, ``"optimizer"``,
@@ -457,3 +477,7 @@ def _restore_training_flags(flags: dict[nn.Module, bool]) -> Iterator[None]:
         for module, training in flags.items():
             if module.training is not training:  # Module.__setattr__ is slow on deep models
                 module.training = training
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

@@ -106,7 +106,9 @@ def _traced_on_the_cpu(create_fw_bw_graph: Any) -> Any:
             on_cpu = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).requires_grad_(t.requires_grad) for t in values]
             return create_fw_bw_graph(score_mod, tuple(on_cpu[: len(index_values)]), tuple(on_cpu[len(index_values) :]))
 
-    return create
+    # never traced by dynamo: a model that compiles flex attention (Hugging Face's) has dynamo tracing frames
+    # beneath it once the run's modes are off, and it would trace these values as its own
+    return torch.compiler.disable(create)  # type: ignore[no-untyped-call]
 
 
 def _python_cond(pred: Any, true_fn: Any, false_fn: Any, operands: Any = ()) -> Any:
