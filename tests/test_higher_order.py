@@ -224,3 +224,28 @@ def test_a_formula_counts_an_unknown_higher_order_operator_as_one_op(device):
     result = profile(UsesDoubling(), torch.randn(3), device=device, formulas={doubling: lambda x, out_val=None: x.numel()})
     assert result.flops == 3
     assert [r.op for r in result.ops] == ["higher_order.modelprof_test_doubling"]
+
+
+class BiasedFlex(nn.Module):
+    """A score_mod that reads a parameter it closes over (a per-head bias slope, ALiBi-style)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
+        self.slopes = nn.Parameter(torch.randn(HEADS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, tokens, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx: s + self.slopes[h] * (q_idx - kv_idx)).sum(1)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_score_mod_reading_a_parameter_is_counted_on_a_target(train):
+    tokens = 64
+    plain = _flex_row(profile(FlexSelfAttention(), torch.randn(1, tokens, WIDTH), target="h100"))
+    result = profile(BiasedFlex(), torch.randn(1, tokens, WIDTH), target="h100", train=train)
+    assert not result.uncounted
+    assert _flex_row(result).flops - plain.flops == 3 * HEADS * tokens * tokens  # a subtraction, a product and an addition per score
+    if train:
+        assert _flex_row(result, "backward").macs == HEADS * tokens * tokens * 5 * HEAD_DIM

@@ -21,6 +21,7 @@ On a CPU, flex attention runs its eager dense path, which the run counts op by o
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -110,18 +111,23 @@ def _blocks(query: torch.Tensor, key: torch.Tensor, block_mask: tuple[Any, ...])
     return _Blocks(blocks.computed * repeat, blocks.partial * repeat)
 
 
-def _mod_flops(mod: Callable[..., Any] | None, score: bool) -> int:
-    """FLOPs of one evaluation of ``score_mod`` (``score``) or ``mask_mod``, on single values beneath the run."""
+def _mod_flops(mod: Callable[..., Any] | None, score: bool, like: torch.Tensor) -> int | None:
+    """FLOPs of one evaluation of ``score_mod`` (``score``) or ``mask_mod``, on single values beneath the run, of
+    ``like``'s kind (fake tensors of its fake mode where it is one: a mod may read the run's tensors it closes
+    over); None where it cannot be evaluated."""
     if mod is None:
         return 0
     counter = _Counter()
-    index = torch.zeros((), dtype=torch.int32)
-    operands = (torch.zeros(()), index, index, index, index) if score else (index, index, index, index)
+    fake_mode = getattr(like, "fake_mode", None)
     try:
-        with beneath_the_run(), counter:
-            mod(*operands)
-    except Exception:  # a mod that reads tensors the run has no values of: its products are still counted
-        return 0
+        with beneath_the_run(), fake_mode if fake_mode is not None else contextlib.nullcontext():
+            # one element, not a 0-d tensor: a mod indexes with its arguments (a bias table's [h]), as vmap has it
+            index = torch.zeros(1, dtype=torch.int32, device=like.device)
+            operands = (torch.zeros(1, dtype=like.dtype, device=like.device), index, index, index, index) if score else (index,) * 4
+            with counter:
+                mod(*operands)
+    except Exception:
+        return None
     return counter.flops
 
 
@@ -149,8 +155,10 @@ def _flex_forward(
     if blocks is None:
         return None
     cost = _attention_forward(blocks.computed, query.shape[-1], value.shape[-1], masked=False)
-    mods = blocks.computed * _mod_flops(score_mod, score=True) + blocks.partial * _mod_flops(block_mask[-1], score=False)
-    return cost._replace(flops=cost.flops + mods)
+    per_score, per_masked = _mod_flops(score_mod, True, query), _mod_flops(block_mask[-1], False, query)
+    if per_score is None or per_masked is None:
+        return None  # a mod whose work the run cannot see: the call is uncounted, not counted short
+    return cost._replace(flops=cost.flops + blocks.computed * per_score + blocks.partial * per_masked)
 
 
 def _flex_backward(

@@ -96,15 +96,23 @@ def eager_higher_order() -> Iterator[None]:
 def _traced_on_the_cpu(create_fw_bw_graph: Any) -> Any:
     """Flex attention's autograd traces ``score_mod``'s forward and backward graphs by running autograd on
     single values of the query's device. On a CUDA target (fake CUDA tensors, maybe no GPU) those values are
-    made on the CPU instead, in a fake mode of their own: the graphs hold the same ops on any device."""
+    made on the CPU instead, in a fake mode of their own: the graphs hold the same ops on any device. A
+    ``score_mod`` that reads tensors of the run it closes over (eager mode lifts none into ``other_buffers``)
+    cannot be traced there; the fused backward kernel's count and outputs do not need its graph, which is
+    then left out."""
 
     def create(score_mod: Any, index_values: Any, other_buffers: Any) -> Any:
         values = [*index_values, *other_buffers]
         if not any(isinstance(t, FakeTensor) and t.device.type == "cuda" for t in values):
             return create_fw_bw_graph(score_mod, index_values, other_buffers)
-        with _disable_current_modes(), torch._C.DisableTorchFunction(), FakeTensorMode():
-            on_cpu = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).requires_grad_(t.requires_grad) for t in values]
-            return create_fw_bw_graph(score_mod, tuple(on_cpu[: len(index_values)]), tuple(on_cpu[len(index_values) :]))
+        try:
+            with _disable_current_modes(), torch._C.DisableTorchFunction(), FakeTensorMode():
+                on_cpu = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).requires_grad_(t.requires_grad) for t in values]
+                return create_fw_bw_graph(score_mod, tuple(on_cpu[: len(index_values)]), tuple(on_cpu[len(index_values) :]))
+        except Exception:
+            if other_buffers:
+                raise
+            return score_mod, None
 
     # never traced by dynamo: a model that compiles flex attention (Hugging Face's) has dynamo tracing frames
     # beneath it once the run's modes are off, and it would trace these values as its own
