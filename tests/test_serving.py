@@ -62,3 +62,12 @@ def test_each_timed_step_starts_from_the_cache_as_given():
     profile(model, (torch.randint(0, CONFIG.vocab_size, (BATCH, 1)), cache), latency=True)
     assert len(seen) > 3 and set(seen) == {CACHED}  # the metered step, the warm-up and every timed one
     assert cache.tokens() == CACHED
+
+
+def test_the_memory_report_says_how_much_of_the_inputs_is_the_kv_cache():
+    from pytest_modelprof.report import format_memory_report
+
+    result = profile(Llama(CONFIG), (torch.randint(0, CONFIG.vocab_size, (BATCH, 1)), KVCache.filled(CONFIG, BATCH, CACHED)), device="meta")
+    cache_bytes = 2 * CONFIG.layers * BATCH * CACHED * CONFIG.kv_heads * CONFIG.head_dim * 4
+    (line,) = [line for line in format_memory_report(result).splitlines() if "KV cache" in line]
+    assert f"KV cache: {cache_bytes / 1e3:.2f} kB" in line, line  # 40 960 bytes

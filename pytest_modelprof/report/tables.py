@@ -362,6 +362,9 @@ def format_memory_report(profile: Profile, top_parameters: int = 10) -> str:
         lines.append(
             f"  {category:<{width}}  {format_count(at_peak, 'B'):>11}  {share:>6}  {format_count(memory.category_max[category], 'B'):>11}"
         )
+    if memory.kv_cache_bytes:
+        inputs = memory.category_max.get("inputs", 0)
+        lines.append(f"  of the inputs, KV cache: {format_count(memory.kv_cache_bytes, 'B')} (of {format_count(inputs, 'B')} at the start)")
     if memory.estimates:
         lines.append("  estimates for the CUDA process, not in the peak above:")
         for key, text in _ESTIMATES.items():
