@@ -249,3 +249,70 @@ def test_a_score_mod_reading_a_parameter_is_counted_on_a_target(train):
     assert _flex_row(result).flops - plain.flops == 3 * HEADS * tokens * tokens  # a subtraction, a product and an addition per score
     if train:
         assert _flex_row(result, "backward").macs == HEADS * tokens * tokens * 5 * HEAD_DIM
+
+
+class PaddedFlex(nn.Module):
+    """Flex attention under a padding mask made in the forward pass from a mask input (as Hugging Face makes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, tokens, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
+        padding = keep.to(device=x.device, dtype=torch.bool)
+        mask = create_block_mask(
+            lambda b, h, q_idx, kv_idx: padding[b, kv_idx], batch, None, tokens, tokens, device=x.device, BLOCK_SIZE=128
+        )
+        return flex_attention(q, k, v, block_mask=mask).sum(1)
+
+
+def test_flex_attention_on_a_target_reads_a_padding_mask_from_the_inputs():
+    tokens = 256
+    keep = torch.ones(2, tokens, dtype=torch.long)
+    keep[1, :128] = 0  # the second sequence's first key block is all padding: no query block computes it
+    result = profile(PaddedFlex(), (torch.randn(2, tokens, WIDTH), keep), target="h100")
+    assert not result.uncounted
+    computed = HEADS * (4 + 2) * 128 * 128  # 2 x 2 blocks for the first sequence, 2 x 1 for the second
+    assert _flex_row(result).macs == computed * 2 * HEAD_DIM
+
+
+class ScannedCell(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(8, 8, bias=False)
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        return scan(lambda h, x: (self.cell(h) + x, h), torch.zeros(4, 8), xs)[0]
+
+
+class LoopedCell(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, self.cell(y)), (torch.tensor(0), x))[1]
+
+
+class MappedCell(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(8, 8, bias=False)
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        return higher_order_map(lambda x: self.cell(x), xs)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize(
+    ("model", "shape", "steps", "input_grads"),
+    # steps calls of the cell on 4 x 8; the backward forms every weight gradient, and the gradient of each step's
+    # input but the first (the scan starts from zeros, the loop from the input; the map's slices are inputs)
+    [(ScannedCell, (5, 4, 8), 5, 4), (LoopedCell, (4, 8), 3, 2), (MappedCell, (6, 4, 8), 6, 0)],
+)
+def test_training_through_scan_while_loop_and_map_reaches_the_parameters_their_bodies_close_over(device, model, shape, steps, input_grads):
+    result = profile(model(), torch.randn(*shape), train=True, device=device)
+    assert result.forward_macs == steps * 4 * 8 * 8
+    assert result.backward_macs == (steps + input_grads) * 4 * 8 * 8

@@ -47,12 +47,12 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..ops import METADATA, beneath_the_run, bound_arguments
+from ..ops import METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments
 from .paths import passing_value
 
 aten = torch.ops.aten
 
-LIMIT = 1 << 22  # elements: a tensor larger than this is not worked out (a causal mask of 2048 tokens is at it)
+LIMIT = VALUES_LIMIT  # elements: a tensor larger than this is not worked out (a causal mask of 2048 tokens is at it)
 
 # ops whose outputs hold no defined values: allocation without initialisation
 _UNINITIALISED = (

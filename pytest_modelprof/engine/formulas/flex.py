@@ -31,7 +31,7 @@ from torch._higher_order_ops.flex_attention import flex_attention as _FLEX
 from torch._higher_order_ops.flex_attention import flex_attention_backward as _FLEX_BACKWARD
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..ops import beneath_the_run
+from ..ops import VALUES_LIMIT, beneath_the_run
 from .attention import _attention_backward, _attention_forward
 from .builtin import BUILTIN, OpCost, has_values
 
@@ -68,29 +68,54 @@ def _from_values(block_mask: tuple[Any, ...], s_q: int, s_kv: int) -> _Blocks:
     return _Blocks(totals[0] + totals[1], totals[0])
 
 
-def _from_mask_mod(mask_mod: Callable[..., Any], heads: tuple[int, int], q_block: int, kv_block: int, s_q: int, s_kv: int) -> _Blocks:
-    """The computed scores from ``mask_mod`` evaluated over every position (see the module's notes)."""
-    batch, head = heads
+def _from_mask_mod(
+    mask_mod: Callable[..., Any],
+    heads: tuple[int, int],
+    blocks: tuple[int, int],
+    lengths: tuple[int, int],
+    device: torch.device,
+    limit: int,
+) -> _Blocks:
+    """The computed scores from ``mask_mod`` evaluated over every position on ``device``, at most ``limit``
+    positions at once (see the module's notes)."""
+    (batch, head), (q_block, kv_block), (s_q, s_kv) = heads, blocks, lengths
     q_blocks, kv_blocks = -(-s_q // q_block), -(-s_kv // kv_block)
-    strip = max(1, _STRIP // max(1, batch * head * q_block * kv_blocks * kv_block))  # query blocks per evaluation
+    strip = max(1, limit // max(1, batch * head * q_block * kv_blocks * kv_block))  # query blocks per evaluation
     computed = partial = 0
-    with beneath_the_run():
-        b = torch.arange(batch).view(-1, 1, 1, 1)
-        h = torch.arange(head).view(1, -1, 1, 1)
-        kv = torch.arange(kv_blocks * kv_block).view(1, 1, 1, -1)
-        for first in range(0, q_blocks, strip):
-            last = min(q_blocks, first + strip)
-            q = torch.arange(first * q_block, last * q_block).view(1, 1, -1, 1)
-            allowed = torch.broadcast_to(mask_mod(b, h, q, kv), (batch, head, q.shape[2], kv.shape[3]))
-            allowed = allowed & (q < s_q) & (kv < s_kv)  # positions past the sequence are none
-            tiles = allowed.reshape(batch, head, last - first, q_block, kv_blocks, kv_block)
-            kept = tiles.sum((3, 5))  # scores each block keeps
-            rows = torch.tensor([_extent(i, q_block, s_q) for i in range(first, last)]).view(-1, 1)
-            columns = torch.tensor([_extent(j, kv_block, s_kv) for j in range(kv_blocks)]).view(1, -1)
-            area = rows * columns
-            computed += int((area * (kept > 0)).sum())
-            partial += int((area * ((kept > 0) & (kept < area))).sum())
+    b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
+    h = torch.arange(head, device=device).view(1, -1, 1, 1)
+    kv = torch.arange(s_kv, device=device).view(1, 1, 1, -1)
+    columns = torch.tensor([_extent(j, kv_block, s_kv) for j in range(kv_blocks)], device=device).view(1, -1)
+    for first in range(0, q_blocks, strip):
+        last = min(q_blocks, first + strip)
+        q = torch.arange(first * q_block, min(last * q_block, s_q), device=device).view(1, 1, -1, 1)
+        # the positions that exist only, as torch's create_block_mask evaluates them (a mask_mod may index a
+        # tensor of the sequence's length), then padded to whole blocks with positions that are none
+        allowed = torch.broadcast_to(mask_mod(b, h, q, kv), (batch, head, q.shape[2], s_kv))
+        allowed = torch.nn.functional.pad(allowed, (0, kv_blocks * kv_block - s_kv, 0, (last - first) * q_block - q.shape[2]))
+        kept = allowed.reshape(batch, head, last - first, q_block, kv_blocks, kv_block).sum((3, 5))  # scores each block keeps
+        area = torch.tensor([_extent(i, q_block, s_q) for i in range(first, last)], device=device).view(-1, 1) * columns
+        computed += int((area * (kept > 0)).sum())
+        partial += int((area * ((kept > 0) & (kept < area))).sum())
     return _Blocks(computed, partial)
+
+
+def _evaluated(
+    mask_mod: Callable[..., Any], heads: tuple[int, int], blocks: tuple[int, int], lengths: tuple[int, int], like: torch.Tensor
+) -> _Blocks | None:
+    """The computed scores from ``mask_mod``: on the CPU beneath the run (a mask of indices alone, the common
+    case, at any length), else within the run, on ``like``'s device, where the values ``mask_mod`` reads (a padding
+    mask, a cache's positions, document ids) are the run's known values; None where neither can tell."""
+    try:
+        with beneath_the_run():
+            return _from_mask_mod(mask_mod, heads, blocks, lengths, torch.device("cpu"), _STRIP)
+    except Exception:
+        pass
+    try:
+        with torch.no_grad():  # the run's own modes work the values out; no meter sees these ops
+            return _from_mask_mod(mask_mod, heads, blocks, lengths, like.device, VALUES_LIMIT)
+    except Exception:  # a mask_mod that reads values the run does not have
+        return None
 
 
 def _blocks(query: torch.Tensor, key: torch.Tensor, block_mask: tuple[Any, ...]) -> _Blocks | None:
@@ -101,34 +126,36 @@ def _blocks(query: torch.Tensor, key: torch.Tensor, block_mask: tuple[Any, ...])
     if has_values(counts):
         blocks = _from_values(block_mask, s_q, s_kv)
     else:
-        mask_mod = block_mask[-1]
-        q_block, kv_block = min(block_mask[-3], s_q), min(block_mask[-2], s_kv)
-        try:
-            blocks = _from_mask_mod(mask_mod, (mask_batch, mask_heads), q_block, kv_block, s_q, s_kv)
-        except Exception:  # a mask_mod that reads values the run does not have
+        sizes = (min(block_mask[-3], s_q), min(block_mask[-2], s_kv))
+        evaluated = _evaluated(block_mask[-1], (mask_batch, mask_heads), sizes, (s_q, s_kv), query)
+        if evaluated is None:
             return None
+        blocks = evaluated
     repeat = (query.shape[0] // mask_batch) * (query.shape[1] // mask_heads)
     return _Blocks(blocks.computed * repeat, blocks.partial * repeat)
 
 
 def _mod_flops(mod: Callable[..., Any] | None, score: bool, like: torch.Tensor) -> int | None:
-    """FLOPs of one evaluation of ``score_mod`` (``score``) or ``mask_mod``, on single values beneath the run, of
-    ``like``'s kind (fake tensors of its fake mode where it is one: a mod may read the run's tensors it closes
-    over); None where it cannot be evaluated."""
+    """FLOPs of one evaluation of ``score_mod`` (``score``) or ``mask_mod`` on single values beneath the run: of
+    ``like``'s kind (fake tensors of its fake mode, where it is one: a mod may read the run's tensors it closes
+    over), else real CPU values (a mod that closes over real tensors); None where neither can be evaluated."""
     if mod is None:
         return 0
-    counter = _Counter()
     fake_mode = getattr(like, "fake_mode", None)
-    try:
-        with beneath_the_run(), fake_mode if fake_mode is not None else contextlib.nullcontext():
-            # one element, not a 0-d tensor: a mod indexes with its arguments (a bias table's [h]), as vmap has it
-            index = torch.zeros(1, dtype=torch.int32, device=like.device)
-            operands = (torch.zeros(1, dtype=like.dtype, device=like.device), index, index, index, index) if score else (index,) * 4
-            with counter:
-                mod(*operands)
-    except Exception:
-        return None
-    return counter.flops
+    kinds = [(fake_mode, like.device)] if fake_mode is not None else []
+    for mode, device in (*kinds, (None, torch.device("cpu"))):
+        counter = _Counter()
+        try:
+            with beneath_the_run(), mode if mode is not None else contextlib.nullcontext():
+                # one element, not a 0-d tensor: a mod indexes with its arguments (a bias table's [h]), as vmap has it
+                index = torch.zeros(1, dtype=torch.int32, device=device)
+                operands = (torch.zeros(1, dtype=like.dtype, device=device), index, index, index, index) if score else (index,) * 4
+                with counter:
+                    mod(*operands)
+        except Exception:
+            continue
+        return counter.flops
+    return None
 
 
 class _Counter(TorchDispatchMode):  # type: ignore[no-untyped-call]

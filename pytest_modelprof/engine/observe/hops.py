@@ -10,13 +10,19 @@ the engine does, and all but the dispatcher pass them on untouched. The dispatch
   its backward on a CUDA device) is one op, counted by its formula like an ATen op, its outputs the
   kernel's (the attention output and its log-sum-exp, not the scores);
 - **its eager meaning**: an operator PyTorch runs in eager mode through a Python kernel
-  (``cond`` runs the branch its predicate takes, ``while_loop`` its body until the condition fails,
-  ``scan`` and ``map`` their function once per slice, ``invoke_subgraph`` its subgraph, and
-  ``flex_attention`` on a CPU its dense path, scores and all) runs that kernel with the meters
-  seeing every op it issues, under the module that called it: each iteration is counted, and so
-  is the branch taken;
+  (``flex_attention`` on a CPU, its dense path, scores and all) runs that kernel with the meters
+  seeing every op it issues, under the module that called it;
 - **anything else**: a one-line :class:`~..errors.ProfileError` that names the operator and says how
   to count it.
+
+The control-flow operators (``cond``, ``while_loop``, ``scan``, ``map``, ``invoke_subgraph``) never reach
+the dispatcher: for the run (:func:`eager_higher_order`), each runs its eager meaning where autograd
+meets it, before any dispatch mode: ``cond`` the branch its predicate takes, ``while_loop`` its body
+until the condition fails, ``scan`` and ``map`` their function once per slice, ``invoke_subgraph`` its
+subgraph. Their ops then run as the model's own, through autograd and every mode, under the module
+that called them: each iteration is counted, the backward of what ran too, and gradients reach the
+parameters a body closes over (PyTorch's own eager kernels rely on ``torch.compile`` to lift those, which
+a dispatch mode keeps from compiling).
 
 A predicate or loop condition an analytic run cannot read (it is computed from values the run
 does not have) stops the run with a one-line error that says so: the engine does not guess a branch.
@@ -84,9 +90,19 @@ def eager_higher_order() -> Iterator[None]:
         flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # type: ignore[union-attr]
     torch.cond = _python_cond
     _flex_hop.create_fw_bw_graph = _traced_on_the_cpu(before[2])  # type: ignore[attr-defined]
+    control = {hop: hop.py_kernels.get(DispatchKey.Autograd) for hop in _control_flow()}
+    for hop in control:
+        hop.py_kernels[DispatchKey.Autograd] = _eagerly(hop)
+        hop._dispatch_cache.clear()
     try:
         yield
     finally:
+        for hop, kernel in control.items():
+            if kernel is None:
+                hop.py_kernels.pop(DispatchKey.Autograd, None)
+            else:
+                hop.py_kernels[DispatchKey.Autograd] = kernel
+            hop._dispatch_cache.clear()
         if before[0] is not None:
             flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = before[0]  # type: ignore[union-attr]
         torch.cond = before[1]
@@ -133,6 +149,27 @@ def _undecided(name: str) -> str:
         f"torch.{name}: {_DECIDING[name]} is computed from values an analytic run does not have, so the run cannot "
         f"tell what runs; profile on real tensors (device='cpu'), or make the value follow from the inputs"
     )
+
+
+def _control_flow() -> list[HigherOrderOperator]:
+    """The control-flow operators this torch has (see the module's notes)."""
+    hops = (getattr(torch.ops.higher_order, name, None) for name in (*_OWN, "while_loop", "while_loop_stack_output", "map_impl"))
+    return [hop for hop in hops if hop is not None]
+
+
+def _eagerly(hop: HigherOrderOperator) -> Any:
+    """``hop``'s eager meaning as its autograd kernel (see the module's notes)."""
+    kernel: Any = _OWN.get(hop._name) or hop.py_kernels[DispatchKey.CompositeExplicitAutograd]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return kernel(*args, **kwargs)
+        except DataDependentOutputException as error:
+            if hop._name not in _DECIDING:
+                raise
+            raise ProfileError(_undecided(hop._name)) from error
+
+    return run
 
 
 def run_eagerly(dispatcher: TorchDispatchMode, hop: HigherOrderOperator, args: Any, kwargs: dict[str, Any]) -> Any:

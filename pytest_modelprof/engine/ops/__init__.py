@@ -6,7 +6,7 @@ FLOP formulas, the cost model, kernel scratch and the kernel outputs of analytic
 dimensions.
 """
 
-from .calls import beneath_the_run, bound_arguments
+from .calls import VALUES_LIMIT, beneath_the_run, bound_arguments
 from .iteration import reorder_dimensions
 from .registry import (
     COMMUNICATION_NAMESPACES,
@@ -33,6 +33,7 @@ __all__ = [
     "REDUCED_LOSSES",
     "REDUCTION_FLOPS",
     "REGISTRY",
+    "VALUES_LIMIT",
     "Family",
     "Kernel",
     "OpInfo",

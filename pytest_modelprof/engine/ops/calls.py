@@ -33,3 +33,8 @@ def beneath_the_run() -> Iterator[None]:
     by autograd."""
     with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
         yield
+
+
+# elements: an analytic run works out the values of tensors up to this size (made from constants and real
+# inputs; see analytic/values.py), and no larger (a causal mask of 2048 tokens is at it)
+VALUES_LIMIT = 1 << 22
