@@ -5,8 +5,10 @@ Prints, per model, the time of a plain forward pass, of ``profile(memory=False)`
 own ``FlopCounterMode`` on the same forward, measured interleaved in one run (each
 repeat runs the three in a rotated order), and their ratios: of the best times
 (timeit's convention: the least disturbed run on a shared machine) and, in brackets,
-the median of the ratios within each repeat. Goal: ``profile()`` at most 1.25x the plain
-forward, and below ``FlopCounterMode``.
+the median of the ratios within each repeat. Goal (issue 40, benchmarks/goals.py): ``profile()``
+at most 1.15x the plain forward, judged on the ratio of the best times and printed per workload
+with whether it is met (the issue sets it for ResNet-50, and holds it for the other models too);
+and below ``FlopCounterMode``. Where the time goes, by part: benchmarks/profiler_cost.py.
 
 Where the two counters differ by less than this machine's run-to-run noise (a GPT-2
 forward at sequence 512 is ~1 s of matrix products; single runs vary by 6-10%), the
@@ -30,6 +32,7 @@ import torchvision
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.goals import FORWARD_FLOPS_VS_PLAIN, met
 from examples.gpt2 import GPT2, GPT2Config
 from pytest_modelprof import profile
 from pytest_modelprof.stats import median_interval
@@ -68,9 +71,10 @@ def main() -> None:
     options = parser.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {options.repeats} interleaved runs; best (median)")
+    print(f"goal: profile/plain <= {FORWARD_FLOPS_VS_PLAIN}x (of the best times), and profile below torch's FlopCounterMode")
     print(
         f"{'workload':22s} {'plain':>17s} {'profile':>17s} {'torch':>17s} {'profile/plain':>16s} {'profile/torch':>16s}"
-        f" {'95% interval':>15s} {'faster':>7s}"
+        f" {'95% interval':>15s} {'faster':>7s}  goal"
     )
     for name, model, x in workloads():
         if options.only and options.only not in name:
@@ -91,7 +95,9 @@ def main() -> None:
         ratios = [f"{best['ours'] / best[k]:6.3f} ({statistics.median(pairs[k]):5.3f})x" for k in ("plain", "torch_counter")]
         low, high = median_interval(pairs["torch_counter"])
         faster = sum(r < 1 for r in pairs["torch_counter"])
-        print(f"{name:22s} {' '.join(cells)} {' '.join(ratios)} {f'[{low:.3f}, {high:.3f}]':>15s} {faster:3d}/{options.repeats:<3d}")
+        goal = met(best["ours"] / best["plain"] <= FORWARD_FLOPS_VS_PLAIN)
+        interval = f"[{low:.3f}, {high:.3f}]"
+        print(f"{name:22s} {' '.join(cells)} {' '.join(ratios)} {interval:>15s} {faster:3d}/{options.repeats:<3d}  {goal}")
 
 
 if __name__ == "__main__":
