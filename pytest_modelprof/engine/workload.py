@@ -15,6 +15,7 @@ the RNG state are restored, and inputs are copied before the model sees them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -165,11 +166,12 @@ class Workload:
     def analytic(self) -> bool:
         return self.fake_mode is not None
 
-    @property
+    @functools.cached_property
     def in_place(self) -> bool:
         """Whether the step runs on the caller's own tensors: a real inference run on the model's own device
         (nothing receives a gradient, eval mode updates no buffer), or a sharded step on the run's own copy.
-        Every other run uses tensors of its own (moved, fake, or safe to backpropagate into)."""
+        Every other run uses tensors of its own (moved, fake, or safe to backpropagate into). Worked out once:
+        the run's copies ask it of every parameter."""
         return self.parallel is not None or (
             self.fake_mode is None
             and not self.train
