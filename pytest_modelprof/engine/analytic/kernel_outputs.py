@@ -209,8 +209,11 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if isinstance(func, HigherOrderOperator):
-            return func(*args, **(kwargs or {}))
+        acts = _ACTING.get(func)
+        if acts is None:
+            acts = _ACTING[func] = _acts_on(func)
+        if not acts:
+            return func(*args, **(kwargs or {}))  # most ops: the meta kernel's outputs are the kernel's
         kwargs = kwargs or {}
         fake = any(isinstance(a, FakeTensor) for a in args[:3])  # a number may come first (pow.Scalar)
         if fake and func in _ONE_DTYPE:
@@ -248,7 +251,7 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = (out[0], _offset2bag(func, args, kwargs, out[0]), *out[2:])
         elif func in LAYOUTS:
             out = _laid_out(func, args, kwargs, out)
-        elif func.overloadpacket.__name__ in _ITERATED and isinstance(out, FakeTensor):
+        elif func.overloadpacket.__name__ in _ITERATED and isinstance(out, FakeTensor) and not _all_contiguous(out, args):
             strides = elementwise_strides(func, args, kwargs, tuple(out.shape))
             if strides is not None and strides != tuple(out.stride()):
                 out.as_strided_(out.shape, strides, out.storage_offset())
@@ -257,6 +260,51 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if strides is not None and strides != tuple(out.stride()):
                 out.as_strided_(out.shape, strides, out.storage_offset())  # the same tensor, restrided
         return out
+
+
+def _acts_on(func: Any) -> bool:
+    """Whether :class:`KernelOutputs` does anything for ``func`` (the branches of its ``__torch_dispatch__``)."""
+    if isinstance(func, HigherOrderOperator) or not hasattr(func, "overloadpacket"):
+        return False
+    return (
+        func in _ONE_DTYPE
+        or func in _NORMS
+        or func in REDUCED_LOSSES
+        or func in EMBEDDING_BAGS
+        or func in LAYOUTS
+        or func in _VIEWS
+        or func in _SIZED_BY_KERNELS
+        or (_GROUPED_MM is not None and func is _GROUPED_MM)
+        or func.overloadpacket.__name__ in _ITERATED
+    )
+
+
+_SIZED_BY_KERNELS = frozenset(
+    {
+        aten.convolution.default,
+        aten.mkldnn_rnn_layer.default,
+        aten.mkldnn_rnn_layer_backward.default,
+        aten.im2col.default,
+        aten.col2im.default,
+    }
+)
+_ACTING: dict[Any, bool] = {}  # op -> _acts_on(op), worked out once
+
+
+def _all_contiguous(out: torch.Tensor, args: Any) -> bool:
+    """Whether an elementwise op's output and tensor operands are all laid out row-major, strides and all (size-1
+    dimensions included, which ``is_contiguous`` overlooks): TensorIterator then keeps the dimensions in order, and
+    the output is laid out as the meta kernel laid it out (the common case)."""
+    return _row_major(out) and all(_row_major(a) for a in args if isinstance(a, torch.Tensor))
+
+
+def _row_major(t: torch.Tensor) -> bool:
+    expected = 1
+    for size, stride in zip(reversed(t.shape), reversed(t.stride())):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _check_mixed_cpu_norm(args: Any, input_at: int, parameters_at: tuple[int, ...]) -> None:

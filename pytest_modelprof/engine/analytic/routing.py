@@ -65,6 +65,38 @@ _VIEWS = {
 _COUNTS_BY_ELEMENT = {aten.unbind.int, aten.select.int}
 
 
+# every op the mode acts on (the branches of __torch_dispatch__): the rest pass through untouched
+_FOLLOWED = frozenset(
+    {
+        aten.nonzero.default,
+        aten._local_scalar_dense.default,
+        aten.bincount.default,
+        *_COUNTS_BY_ELEMENT,
+        *_INDICES_AT,
+        *_INDICES,
+        aten.one_hot.default,
+        aten.arange.default,
+        aten.arange.start,
+        aten.arange.start_step,
+        aten.eq.Scalar,
+        aten.eq.Tensor,
+        aten.scatter.value,
+        aten.scatter_.value,
+        aten.cumsum.default,
+        aten.le.Scalar,
+        aten.lt.Scalar,
+        aten.mul.Tensor,
+        aten.gt.Scalar,
+        aten.ne.Scalar,
+        aten.index.Tensor,
+        aten.sum.dim_IntList,
+        aten.sum.default,
+        aten.histc.default,
+        *_VIEWS,
+    }
+)
+
+
 class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Follows router indices and the masks made of them; answers ``nonzero`` on those masks."""
 
@@ -87,8 +119,8 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._known[id(t)] = (weakref.ref(t), value)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if isinstance(func, HigherOrderOperator):
-            return func(*args, **(kwargs or {}))
+        if func not in _FOLLOWED or isinstance(func, HigherOrderOperator):
+            return func(*args, **(kwargs or {}))  # most ops: nothing to follow
         kwargs = kwargs or {}
         if func is aten.nonzero.default:
             return self._nonzero(args[0])

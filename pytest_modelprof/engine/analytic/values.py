@@ -104,6 +104,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._values: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         # func -> (values computable, what it writes, whether it draws random numbers)
         self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...], bool]] = {}
+        self._plain_ops: dict[Any, bool] = {}  # op -> whether it can be plain (see _plain)
         self._drawn: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors made from random numbers
         self._unbounded: dict[int, weakref.ref[torch.Tensor]] = {}  # unknown values that may not be finite
         for fake, real in sources:
@@ -172,6 +173,11 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         if func in METADATA:
             return func(*args, **kwargs)
+        if self._plain(func, args, kwargs):  # most ops: nothing known in, nothing known out
+            out = func(*args, **kwargs)
+            if self._decided is not None and isinstance(out, FakeTensor) and (decided := self._decided(out)) is not None:
+                self._remember(out, decided)
+            return out
         flat = tree_flatten((args, kwargs))[0]
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
         values = [self.value(t) for t in tensors]
@@ -223,6 +229,30 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         )
         self._follow_finiteness(func, flat, [(t, v) for t, v in zip(tensors, values) if not any(t is o for o in overwritten)], out)
         return out
+
+    def _plain(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether an op is one of the many this mode has nothing to do for, decided without flattening its
+        arguments: it reads fake tensors, none of them with a known value, a random draw's values or possibly
+        non-finite ones, and no non-finite number; and it is no op this mode answers or sizes (a read of a value,
+        an op sized by values or masks, a test of finiteness, a random draw). Any doubt: not plain."""
+        plain = self._plain_ops.get(func)
+        if plain is None:
+            plain = self._plain_ops[func] = func not in _WATCHED and not (self._ops.get(func) or self._describe(func))[2]
+        if not plain:
+            return False
+        tracked = (self._values, self._drawn, self._unbounded)
+        reads = False
+        for argument in (*args, *kwargs.values()):
+            for a in argument if isinstance(argument, (list, tuple)) else (argument,):
+                if isinstance(a, FakeTensor):
+                    if any(id(a) in table for table in tracked):
+                        return False
+                    reads = True
+                elif isinstance(a, torch.Tensor) or (isinstance(a, (float, complex)) and not _is_finite_number(a)):
+                    return False  # a real tensor (its own value), a subclass, or an infinity or NaN
+                elif isinstance(a, (list, tuple)):
+                    return False  # nested deeper than ATen's lists of tensors: the full path
+        return reads
 
     # finiteness ------------------------------------------------------------------
 
@@ -419,6 +449,11 @@ _OVERWRITING = frozenset({aten.copy_, aten.fill_, aten.zero_})
 # or with a non-finite number) the comparison's
 _FINITENESS_TESTS = {aten.isinf.default: False, aten.isnan.default: False, aten.isposinf.default: False, aten.isneginf.default: False}
 _EQUALITY = {aten.eq.Tensor: True, aten.ne.Tensor: False, aten.eq.Scalar: False, aten.ne.Scalar: True}
+
+# ops this mode answers, sizes or tests whatever their operands: never plain (see KnownValues._plain)
+_WATCHED = frozenset(
+    {*_SCALAR_READS, *_SIZED_BY_VALUES, *_SIZED_BY_MASKS, *_CTC, aten._pack_padded_sequence.default, *_FINITENESS_TESTS, *_EQUALITY}
+)
 
 
 def _on_finite_numbers(func: Any, flat: list[Any]) -> bool | None:
