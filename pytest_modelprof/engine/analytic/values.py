@@ -36,7 +36,6 @@ zero, which a real run may meet, are not followed.
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -48,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..ops import METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments
+from .finiteness import EQUALITY, FINITENESS_TESTS, is_finite_number, on_finite_numbers
 from .paths import passing_value
 
 aten = torch.ops.aten
@@ -248,7 +248,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
                     if any(id(a) in table for table in tracked):
                         return False
                     reads = True
-                elif isinstance(a, torch.Tensor) or (isinstance(a, (float, complex)) and not _is_finite_number(a)):
+                elif isinstance(a, torch.Tensor) or (isinstance(a, (float, complex)) and not is_finite_number(a)):
                     return False  # a real tensor (its own value), a subclass, or an infinity or NaN
                 elif isinstance(a, (list, tuple)):
                     return False  # nested deeper than ATen's lists of tensors: the full path
@@ -276,11 +276,11 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if any(self._may_not_be_finite(t, v) for t, v in read):
             self._mark_unbounded(produced)
             return
-        answer = _on_finite_numbers(func, flat)
+        answer = on_finite_numbers(func, flat)
         if answer is not None:
             if len(produced) == 1 and produced[0].dtype == torch.bool and produced[0].numel() <= LIMIT:
                 self._remember(produced[0], _on_cpu(aten.full.default, (list(produced[0].shape), answer), {"dtype": torch.bool}))
-        elif any(isinstance(a, (float, complex)) and not _is_finite_number(a) for a in flat):
+        elif any(isinstance(a, (float, complex)) and not is_finite_number(a) for a in flat):
             self._mark_unbounded(produced)
 
     def _mark_unbounded(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -445,32 +445,10 @@ def _apart_from_callers(real: Any, operands: list[torch.Tensor]) -> Any:
 
 # ops that overwrite the tensor they write, without reading it
 _OVERWRITING = frozenset({aten.copy_, aten.fill_, aten.zero_})
-# tests of finiteness, and what they give on finite numbers: each element's, or (eq/ne of a tensor with itself
-# or with a non-finite number) the comparison's
-_FINITENESS_TESTS = {aten.isinf.default: False, aten.isnan.default: False, aten.isposinf.default: False, aten.isneginf.default: False}
-_EQUALITY = {aten.eq.Tensor: True, aten.ne.Tensor: False, aten.eq.Scalar: False, aten.ne.Scalar: True}
-
 # ops this mode answers, sizes or tests whatever their operands: never plain (see KnownValues._plain)
 _WATCHED = frozenset(
-    {*_SCALAR_READS, *_SIZED_BY_VALUES, *_SIZED_BY_MASKS, *_CTC, aten._pack_padded_sequence.default, *_FINITENESS_TESTS, *_EQUALITY}
+    {*_SCALAR_READS, *_SIZED_BY_VALUES, *_SIZED_BY_MASKS, *_CTC, aten._pack_padded_sequence.default, *FINITENESS_TESTS, *EQUALITY}
 )
-
-
-def _on_finite_numbers(func: Any, flat: list[Any]) -> bool | None:
-    """What ``func``, a test of finiteness, gives on a tensor of finite numbers (None: it is not one)."""
-    if func in _FINITENESS_TESTS:
-        return _FINITENESS_TESTS[func]
-    if func in _EQUALITY and len(flat) == 2:
-        if func in (aten.eq.Tensor, aten.ne.Tensor):
-            return _EQUALITY[func] if flat[0] is flat[1] else None  # x == x: false only for NaN
-        if isinstance(flat[1], (float, complex)) and not _is_finite_number(flat[1]):
-            return _EQUALITY[func]  # x == inf (or nan): never, for a finite number
-    return None
-
-
-def _is_finite_number(x: float | complex) -> bool:
-    """Whether a Python number is finite."""
-    return math.isfinite(x.real) and math.isfinite(x.imag) if isinstance(x, complex) else math.isfinite(x)
 
 
 def _dropper(marks: dict[int, weakref.ref[torch.Tensor]], key: int) -> Callable[[object], None]:
