@@ -4,7 +4,7 @@
 A higher-order operator takes functions as well as tensors. PyTorch hands one to a dispatch mode
 only when the mode says it can take them (``supports_higher_order_operators``); every mode of
 the engine does, and all but the dispatcher pass them on untouched. The dispatcher
-(:func:`run_hop`) does one of three things with each:
+does one of three things with each (:func:`one_op`, :func:`run_eagerly`):
 
 - **a kernel of its own**: an operator the target runs as one fused kernel (``flex_attention`` and
   its backward on a CUDA device) is one op, counted by its formula like an ATen op, its outputs the
@@ -53,6 +53,7 @@ FUSED_ON_CUDA = frozenset({"flex_attention", "flex_attention_backward"})
 
 # operators whose eager kernel reads a value to decide what runs: what the error names
 _DECIDING = {"cond": "its predicate", "while_loop": "its loop condition", "while_loop_stack_output": "its loop condition"}
+_LOOPS = frozenset({"while_loop", "while_loop_stack_output"})  # torch's kernels read their condition within
 
 
 def is_hop(func: Any) -> bool:
@@ -88,7 +89,7 @@ def eager_higher_order() -> Iterator[None]:
     before = (getattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", None), torch.cond, _flex_hop.create_fw_bw_graph)
     if before[0] is not None:
         flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # type: ignore[union-attr]
-    torch.cond = _python_cond
+    torch.cond = _cond
     _flex_hop.create_fw_bw_graph = _traced_on_the_cpu(before[2])  # type: ignore[attr-defined]
     control = {hop: hop.py_kernels.get(DispatchKey.Autograd) for hop in _control_flow()}
     for hop in control:
@@ -135,15 +136,6 @@ def _traced_on_the_cpu(create_fw_bw_graph: Any) -> Any:
     return torch.compiler.disable(create)  # type: ignore[no-untyped-call]
 
 
-def _python_cond(pred: Any, true_fn: Any, false_fn: Any, operands: Any = ()) -> Any:
-    """``torch.cond`` in eager mode, as it means: the branch the predicate takes."""
-    try:
-        taken = bool(pred)
-    except DataDependentOutputException as error:
-        raise ProfileError(_undecided("cond")) from error
-    return true_fn(*operands) if taken else false_fn(*operands)
-
-
 def _undecided(name: str) -> str:
     return (
         f"torch.{name}: {_DECIDING[name]} is computed from values an analytic run does not have, so the run cannot "
@@ -153,20 +145,22 @@ def _undecided(name: str) -> str:
 
 def _control_flow() -> list[HigherOrderOperator]:
     """The control-flow operators this torch has (see the module's notes)."""
-    hops = (getattr(torch.ops.higher_order, name, None) for name in (*_OWN, "while_loop", "while_loop_stack_output", "map_impl"))
+    hops = (getattr(torch.ops.higher_order, name, None) for name in (*_OWN, *(_TORCH_KERNELS - FUSED_ON_CUDA)))
     return [hop for hop in hops if hop is not None]
 
 
 def _eagerly(hop: HigherOrderOperator) -> Any:
-    """``hop``'s eager meaning as its autograd kernel (see the module's notes)."""
-    kernel: Any = _OWN.get(hop._name) or hop.py_kernels[DispatchKey.CompositeExplicitAutograd]
+    """``hop``'s eager meaning (see the module's notes), or None where the engine has none: a loop whose condition
+    the run cannot read is a one-line error."""
+    torch_kernel = hop.py_kernels.get(DispatchKey.CompositeExplicitAutograd) if hop._name in _TORCH_KERNELS else None
+    kernel: Any = _OWN.get(hop._name) or torch_kernel
+    if kernel is None or hop._name not in _LOOPS:
+        return kernel  # (cond reads its predicate itself: an error in a branch is the branch's)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return kernel(*args, **kwargs)
         except DataDependentOutputException as error:
-            if hop._name not in _DECIDING:
-                raise
             raise ProfileError(_undecided(hop._name)) from error
 
     return run
@@ -174,25 +168,23 @@ def _eagerly(hop: HigherOrderOperator) -> Any:
 
 def run_eagerly(dispatcher: TorchDispatchMode, hop: HigherOrderOperator, args: Any, kwargs: dict[str, Any]) -> Any:
     """``hop``'s eager meaning, its ops dispatched through ``dispatcher`` (see the module's notes)."""
-    name = hop._name
-    own = _OWN.get(name)
-    kernel: Any = own or (hop.py_kernels.get(DispatchKey.CompositeExplicitAutograd) if name in _TORCH_KERNELS else None)
+    kernel = _eagerly(hop)
     if kernel is None:
         raise ProfileError(
             f"the engine has no rule for the higher-order operator torch.ops.{hop_name(hop)}; count it as one op with "
             f"profile(..., formulas={{torch.ops.{hop_name(hop)}: formula}}) or register_flop_formula"
         )
+    with dispatcher:
+        return kernel(*args, **kwargs)
+
+
+def _cond(pred: Any, true_fn: Any, false_fn: Any, operands: Any = ()) -> Any:
+    """``cond`` as eager mode means it (``torch.cond``'s signature): the branch the predicate takes."""
     try:
-        with dispatcher:
-            return kernel(*args, **kwargs)
-    except DataDependentOutputException as error:
-        if name not in _DECIDING:
-            raise
-        raise ProfileError(_undecided(name)) from error
-
-
-def _cond(pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> Any:
-    return true_fn(*operands) if pred else false_fn(*operands)
+        taken = bool(pred)
+    except DataDependentOutputException as error:  # the predicate only: an error in the branch is the branch's
+        raise ProfileError(_undecided("cond")) from error
+    return true_fn(*operands) if taken else false_fn(*operands)
 
 
 def _invoke_subgraph(subgraph: Any, identifier: Any, *operands: Any) -> Any:
