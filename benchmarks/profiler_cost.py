@@ -135,6 +135,17 @@ class Counter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def ops_of(step: Callable[..., None]) -> Callable[[], int]:
+    """The ATen ops of ``step`` run once under a :class:`Counter` (it takes the counter as ``counter``)."""
+
+    def count() -> int:
+        counter = Counter()
+        step(counter=counter)
+        return counter.ops
+
+    return count
+
+
 def llama_config(layers: int) -> LlamaConfig:
     return dataclasses.replace(LlamaConfig.llama_7b(), layers=layers)
 
@@ -154,11 +165,6 @@ def llama_flops(layers: int) -> Workload:
         with fake, FlopCounterMode(display=False) if flop_counter else contextlib.nullcontext(), counter or contextlib.nullcontext():
             torch.func.functional_call(model, state, (fake_tokens,)).sum().backward()
 
-    def count() -> int:
-        counter = Counter()
-        step(counter=counter)
-        return counter.ops
-
     return Workload(
         name="llama7b-flops",
         title=f"Llama-style 7B, {layers} of 32 layers, seq {SEQUENCE}: forward + backward on fake tensors, FLOPs only "
@@ -166,7 +172,7 @@ def llama_flops(layers: int) -> Workload:
         run=lambda: profile(model, tokens, device="meta", train=True, memory=False),
         floor=step,
         floor_title="the same fake-tensor forward + backward (functional_call), untracked",
-        count=count,
+        count=ops_of(step),
         references={"torch FlopCounterMode": lambda: step(flop_counter=True)},
         ablations=[*ANALYTIC_ABLATIONS, "flop meter", "formula evaluation", "memo off"],
     )
@@ -186,11 +192,6 @@ def llama_memory(layers: int) -> Workload:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    def count() -> int:
-        counter = Counter()
-        step(counter)
-        return counter.ops
-
     step()  # the optimizer's state now exists
     return Workload(
         name="llama7b-memory-adamw",
@@ -199,7 +200,7 @@ def llama_memory(layers: int) -> Workload:
         run=lambda: profile(model, tokens, train=True, optimizer=optimizer),
         floor=step,
         floor_title="the same fake-tensor step (forward, backward, AdamW step, zero_grad), untracked",
-        count=count,
+        count=ops_of(step),
         ablations=[*ANALYTIC_ABLATIONS, *NO_MEMO_ABLATIONS, "flop meter", "memory meter", "saved-tensor hooks", "formula evaluation"],
     )
 
@@ -212,18 +213,13 @@ def resnet_forward() -> Workload:
         with torch.no_grad(), counter or contextlib.nullcontext():
             model(x)
 
-    def count() -> int:
-        counter = Counter()
-        step(counter)
-        return counter.ops
-
     return Workload(
         name="resnet50-forward-flops",
         title="ResNet-50, batch 1, real CPU forward, FLOPs only (profile(m, x, memory=False))",
         run=lambda: profile(model, x, memory=False),
         floor=step,
         floor_title="the plain forward under torch.no_grad()",
-        count=count,
+        count=ops_of(step),
         references={"torch FlopCounterMode": lambda: _fcm_forward(model, x)},
         ablations=[*REAL_ABLATIONS, "in_place once", "flop meter", "formula evaluation", "memo off"],
     )
@@ -244,18 +240,13 @@ def resnet_train(batch: int) -> Workload:
             model(x).sum().backward()
         model.zero_grad(set_to_none=True)
 
-    def count() -> int:
-        counter = Counter()
-        step(counter)
-        return counter.ops
-
     return Workload(
         name="resnet50-train-memory",
         title=f"ResNet-50, batch {batch}, real CPU training step (forward, loss, backward), FLOPs and memory (profile(m, x, train=True))",
         run=lambda: profile(model, x, train=True),
         floor=step,
         floor_title="the plain training step (model(x).sum().backward(), zero_grad)",
-        count=count,
+        count=ops_of(step),
         ablations=[*REAL_ABLATIONS, *NO_MEMO_ABLATIONS, "flop meter", "memory meter", "saved-tensor hooks", "formula evaluation"],
     )
 
