@@ -9,9 +9,10 @@ the edge of the sequence holds only the rows and columns that exist. Without a m
 computed: the count is dense attention's.
 
 The blocks come from the mask's block counts and indices where the run has their values (a mask made on
-real tensors); otherwise they are worked out from ``mask_mod`` itself, evaluated on the CPU over every
-(query, key) position beneath the run, a query-block strip at a time. A ``mask_mod`` that reads tensors
-the run has no values of (fake tensors it closes over) leaves the call uncounted, never zero. The
+real tensors); otherwise they are worked out from ``mask_mod`` itself, evaluated over every (query, key)
+position a query-block strip at a time: on the CPU beneath the run, or, where it reads the model's tensors
+(a padding mask, a cache's positions), within the run, whose known values answer it. A ``mask_mod`` that
+reads values the run does not have leaves the call uncounted, never zero. The
 backward kernel recomputes the scores from the saved log-sum-exp and forms ``dV``, ``dP``, ``dQ`` and
 ``dK`` over the same blocks (:func:`.attention._attention_backward`'s count per score).
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._higher_order_ops.flex_attention import flex_attention as _FLEX
@@ -34,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..ops import VALUES_LIMIT, beneath_the_run
 from .attention import _attention_backward, _attention_forward
 from .builtin import BUILTIN, OpCost, has_values
+from .registry import cost_of
 
 _STRIP = 1 << 24  # (query, key) positions of mask_mod evaluated at once
 
@@ -46,8 +48,9 @@ class _Blocks:
         self.partial = partial
 
 
-def _extent(index: int, block: int, length: int) -> int:
-    return max(0, min(block, length - index * block))
+def _extents(indices: range, block: int, length: int, device: torch.device | None = None) -> torch.Tensor:
+    """How many of each block's ``block`` positions exist in a sequence of ``length`` (the last block may hold fewer)."""
+    return torch.tensor([max(0, min(block, length - index * block)) for index in indices], device=device)
 
 
 def _from_values(block_mask: tuple[Any, ...], s_q: int, s_kv: int) -> _Blocks:
@@ -60,8 +63,8 @@ def _from_values(block_mask: tuple[Any, ...], s_q: int, s_kv: int) -> _Blocks:
                 totals.append(0)
                 continue
             counts, indices = counts.cpu().long(), indices.cpu().long()
-            rows = torch.tensor([_extent(i, q_block, s_q) for i in range(counts.shape[-1])])
-            columns = torch.tensor([_extent(j, kv_block, s_kv) for j in range(indices.shape[-1])])
+            rows = _extents(range(counts.shape[-1]), q_block, s_q)
+            columns = _extents(range(indices.shape[-1]), kv_block, s_kv)
             listed = torch.arange(indices.shape[-1]) < counts.unsqueeze(-1)  # the first `count` indices of each row
             areas = rows.unsqueeze(-1) * columns[indices.clamp(0, indices.shape[-1] - 1)]
             totals.append(int((areas * listed).sum()))
@@ -85,7 +88,7 @@ def _from_mask_mod(
     b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
     h = torch.arange(head, device=device).view(1, -1, 1, 1)
     kv = torch.arange(s_kv, device=device).view(1, 1, 1, -1)
-    columns = torch.tensor([_extent(j, kv_block, s_kv) for j in range(kv_blocks)], device=device).view(1, -1)
+    columns = _extents(range(kv_blocks), kv_block, s_kv, device).view(1, -1)
     for first in range(0, q_blocks, strip):
         last = min(q_blocks, first + strip)
         q = torch.arange(first * q_block, min(last * q_block, s_q), device=device).view(1, 1, -1, 1)
@@ -94,7 +97,7 @@ def _from_mask_mod(
         allowed = torch.broadcast_to(mask_mod(b, h, q, kv), (batch, head, q.shape[2], s_kv))
         allowed = torch.nn.functional.pad(allowed, (0, kv_blocks * kv_block - s_kv, 0, (last - first) * q_block - q.shape[2]))
         kept = allowed.reshape(batch, head, last - first, q_block, kv_blocks, kv_block).sum((3, 5))  # scores each block keeps
-        area = torch.tensor([_extent(i, q_block, s_q) for i in range(first, last)], device=device).view(-1, 1) * columns
+        area = _extents(range(first, last), q_block, s_q, device).view(-1, 1) * columns
         computed += int((area * (kept > 0)).sum())
         partial += int((area * ((kept > 0) & (kept < area))).sum())
     return _Blocks(computed, partial)
@@ -169,10 +172,18 @@ class _Counter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         formula = BUILTIN.get(func.overloadpacket)
-        if formula is not None:
-            cost = formula(*args, out_val=out, **kwargs)
-            self.flops += cost.flops if isinstance(cost, OpCost) else int(cost or 0)
+        cost = cost_of(formula, _Call(func, args, kwargs, out)) if formula is not None else None
+        self.flops += cost.flops if cost is not None else 0
         return out
+
+
+class _Call(NamedTuple):
+    """An op call as :func:`.registry.cost_of` reads it."""
+
+    func: Any
+    args: Any
+    kwargs: dict[str, Any]
+    out: Any
 
 
 def _flex_forward(
