@@ -257,14 +257,14 @@ class Run:
         and containers that hold them (the tensors shared), so that a step that changed an input object (a KV
         cache that grew) leaves the next step's inputs as they were. Inputs that are tensors and containers
         alone need none: calling it then does nothing."""
-        kept = self.tensors.args, self.tensors.kwargs
-        if all(isinstance(leaf, (torch.Tensor, int, float, bool, str, type(None))) for leaf in tree_flatten(kept)[0]):
+        given = self.tensors.args, self.tensors.kwargs
+        if all(isinstance(leaf, (torch.Tensor, int, float, bool, str, type(None))) for leaf in tree_flatten(given)[0]):
             return lambda: None
+        kept = Inputs(_same).of(*given)  # copies of its own, which no step changes
 
         def restore() -> None:
             self.tensors.args, self.tensors.kwargs = Inputs(_same).of(*kept)
 
-        kept = Inputs(_same).of(*kept)
         return restore
 
     def step(self, region: Callable[[str], None] | None = None, tracker: ModuleTracker | None = None) -> Any:
