@@ -10,7 +10,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from examples.gpt2 import GPT2, GPT2Config
 from models import TinyCNN, TinyTransformer
 from pytest_modelprof import ProfileError, profile
-from pytest_modelprof.engine.observe import memo
+from pytest_modelprof.engine.observe import blocks, memo
 from pytest_modelprof.engine.observe.dispatch import Dispatcher
 
 
@@ -64,6 +64,7 @@ def replays(monkeypatch):
 def without_memo(monkeypatch, *args, **kwargs):
     with monkeypatch.context() as m:
         m.setattr(memo, "STOCK_LEAVES", frozenset())
+        m.setattr(blocks, "repeated_blocks", lambda model: [])
         return profile(*args, **kwargs)
 
 
@@ -79,6 +80,7 @@ def test_replayed_figures_equal_dispatched_ones(monkeypatch, replays, name, fact
 
 
 def test_analytic_run_replays_the_same_figures(monkeypatch, replays):
+    monkeypatch.setattr(blocks, "repeated_blocks", lambda model: [])  # whole blocks would replay first (test_blocks.py)
     model, x = DeepMLP(), torch.randn(4, 5, 16)
     replayed = profile(model, x, device="meta", memory=False, train=True)
     assert replays[0] > 0

@@ -9,6 +9,7 @@ the meters (:mod:`.timing`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from .meters.collectives import CollectiveMeter
 from .meters.flops import FlopMeter
 from .meters.memory import CUDA_BLOCK, MemoryMeter
 from .meters.predicted import PredictedMeter
+from .observe.blocks import BlockMemo
 from .observe.dispatch import Dispatcher
 from .observe.memo import LeafMemo
 from .observe.modules import ModuleTracker
@@ -245,10 +247,14 @@ def _metered(workload: Workload, meters: list[Meter]) -> Profile:
         try:
             for meter in meters:
                 meter.start(run.tensors, workload.target)
+            blocks = None
             if dispatcher.replayable:
-                # repeated calls of stock leaf modules replay their first call's contributions
+                # repeated calls of stock leaf modules replay their first call's contributions, and on fake
+                # tensors, repeated blocks are not run again (a memory or time meter is not replayable)
                 tracker.observer = LeafMemo(dispatcher, hooks=1)
-            with dispatcher.attached(run.saved):
+                if run.deciders is not None and workload.fake_mode is not None and run.saved is None and workload.parallel is None:
+                    blocks = BlockMemo(dispatcher, tracker, run.deciders, workload.fake_mode, workload.model, hooks=1)
+            with dispatcher.attached(run.saved), blocks.installed() if blocks is not None else contextlib.nullcontext():
                 run.step(region=dispatcher.enter_region, tracker=tracker)
         finally:
             for meter in meters:

@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten
 from .analytic.backward import HookGuard, SavedTensors, run_backward
 from .analytic.fake import RunTensors, choose_mode, run_tensors, tensors_in
 from .analytic.inputs import Inputs
-from .analytic.modes import analytic_modes, attributes_kept
+from .analytic.modes import Deciders, analytic_modes, attributes_kept
 from .analytic.values import unknown_value_hint
 from .distributed import Parallel, wait_for
 from .errors import ProfileError
@@ -189,11 +189,12 @@ class Workload:
         tensors = run_tensors(self)
         flags = {module: module.training for _, module in self.named_modules}
         with contextlib.ExitStack() as stack:
+            deciders = None
             if self.fake_mode is None:
                 cuda = [self.target] if self.target.type == "cuda" else []
                 stack.enter_context(torch.random.fork_rng(devices=cuda, device_type=self.target.type))
             else:  # the fake mode and the modes an analytic step runs under, in their order (see modes.py)
-                stack.enter_context(analytic_modes(self.fake_mode, self.model, self.gpu, tensors.sources))
+                deciders = stack.enter_context(analytic_modes(self.fake_mode, self.model, self.gpu, tensors.sources))
             if tensors.optimizer is not None and self.parallel is None:
                 _create_state(tensors.optimizer)
             if not self.set_to_none:  # gradients zeroed in place are resident from the start, as in later steps
@@ -206,7 +207,7 @@ class Workload:
             stack.enter_context(_restore_training_flags(flags))
             if any(flag is not self.train for flag in flags.values()):
                 self.model.train(self.train)
-            run = Run(self, tensors)
+            run = Run(self, tensors, deciders)
             if self.parallel is not None:
                 # a steady step: FSDP2 sets itself up in the first one, and the optimizer makes its state;
                 # an input the step changes (a cache that grows) is as it was for the next
@@ -220,9 +221,10 @@ class Workload:
 class Run:
     """A workload prepared for stepping: ``tensors`` are those the model uses in this run."""
 
-    def __init__(self, workload: Workload, tensors: RunTensors) -> None:
+    def __init__(self, workload: Workload, tensors: RunTensors, deciders: Deciders | None = None) -> None:
         self.workload = workload
         self.tensors = tensors
+        self.deciders = deciders  # an analytic run's modes that work out values (None: a real run)
         self._state = None if workload.in_place else {**tensors.params, **tensors.buffers}
         self._trainable = [t for t in tensors.params.values() if t.requires_grad]
         # the backward pass run in Python holds what autograd saves, to release it as the engine does

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -54,12 +55,28 @@ from .routing import Routing
 from .values import KnownValues
 
 
+class Deciders(NamedTuple):
+    """The modes of an analytic run that work out values (the known values, a router's masks): what a
+    block memo (:mod:`..observe.blocks`) asks of them before it replays a call without running it."""
+
+    known: KnownValues
+    routing: Routing
+
+    def acted(self) -> int:
+        """How many reads of values the run has answered, and sizes it decided by values, so far (a count that only grows)."""
+        return self.known.reads + self.routing.acted
+
+    def follow(self, t: torch.Tensor) -> bool:
+        """Whether the run knows something of ``t`` beyond its metadata."""
+        return self.known.follows(t) or self.routing.follows(t)
+
+
 @contextlib.contextmanager
 def analytic_modes(
     fake_mode: FakeTensorMode, model: nn.Module, gpu: GPUSpec | None, sources: Iterable[tuple[torch.Tensor, torch.Tensor]]
-) -> Iterator[KnownValues]:
+) -> Iterator[Deciders]:
     """The stack an analytic step of ``model`` runs under (see the module's notes for its order), undone on exit;
-    its known values. ``sources``: the run's fake inputs and buffers beside the real tensors they stand for;
+    the modes in it that work out values. ``sources``: the run's fake inputs and buffers beside the real tensors they stand for;
     ``gpu``: the target GPU, whose kernel choices the run makes (None: the fake tensors' own device's)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(fake_mode)
@@ -75,7 +92,7 @@ def analytic_modes(
         stack.enter_context(eager_paths(known.value))
         stack.enter_context(conversions_in_place())
         stack.enter_context(device_one_hot(known.value))
-        yield known
+        yield Deciders(known, routing)
 
 
 @contextlib.contextmanager

@@ -107,12 +107,17 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # id(tensor) -> (tensor, value): ("indices", n) uniform over n choices; ("density", p) a mask
         self._known: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...]]] = {}
         self._decided: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+        self.acted = 0  # the reads it answered and sizes it decided: a block memo (observe/blocks.py) replays no call that needed one
 
     def _get(self, t: Any) -> tuple[Any, ...] | None:
         if not isinstance(t, torch.Tensor):
             return None
         entry = self._known.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
+
+    def follows(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is a tensor this mode follows, or one whose value it decided."""
+        return self._get(t) is not None or self.decided(t) is not None
 
     def _set(self, t: Any, value: tuple[Any, ...]) -> None:
         if isinstance(t, torch.Tensor):
@@ -123,10 +128,13 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return func(*args, **(kwargs or {}))  # most ops: nothing to follow
         kwargs = kwargs or {}
         if func is aten.nonzero.default:
+            self.acted += 1
             return self._nonzero(args[0])
         if func is aten._local_scalar_dense.default and (known := self._get(args[0])) is not None and known[0] == "count":
+            self.acted += 1
             return int(known[1])  # one expert's tokens, read (tolist, item)
         if func is aten.bincount.default and (counted := self._bincount(args, kwargs)) is not None:
+            self.acted += 1
             return counted
         out = func(*args, **kwargs)
         if func in _COUNTS_BY_ELEMENT and (known := self._get(args[0])) is not None and known[0] == "counts":

@@ -107,6 +107,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._plain_ops: dict[Any, bool] = {}  # op -> whether it can be plain (see _plain)
         self._drawn: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors made from random numbers
         self._unbounded: dict[int, weakref.ref[torch.Tensor]] = {}  # unknown values that may not be finite
+        self.reads = 0  # values read or sized by: a block memo (observe/blocks.py) replays no call that read one
         for fake, real in sources:
             if (
                 not isinstance(real, FakeTensor)
@@ -126,6 +127,10 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return t if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta" else None
         entry = self._values.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
+
+    def follows(self, t: torch.Tensor) -> bool:
+        """Whether the run knows ``t``'s value, that it is made of random draws, or that it may not be finite."""
+        return self.value(t) is not None or self._is_drawn(t) or ((mark := self._unbounded.get(id(t))) is not None and mark() is t)
 
     def _remember(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         key = id(fake)
@@ -183,11 +188,13 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         values = [self.value(t) for t in tensors]
         known = all(v is not None for v in values) and all(v.numel() <= LIMIT for v in values if v is not None)
         if known and tensors and func in _SCALAR_READS:
+            self.reads += 1
             return _on_cpu(func, self._real(args), self._real(kwargs))
         computable, written, seeded = self._ops.get(func) or self._describe(func)
         targets = [t for position, name in written for t in _tensors(args[position] if position < len(args) else kwargs.get(name))]
         drawn = (seeded or bool(self._drawn)) and self._made_by_draws(tensors, values, targets if seeded else [], seeded)
         if func is aten._local_scalar_dense.default and args[0].dtype == torch.bool and (passing := passing_value()) is not None:
+            self.reads += 1
             return passing
         if drawn and func in _SCALAR_READS:
             raise RandomValueRead(func)
@@ -324,6 +331,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """An op whose output size depends on values it has: its real outputs, as fake tensors with those
         values (``remember=False``: sized by its known boolean masks alone, its other operands taken as
         zeros, and its values unknown). Where the CPU cannot run it, ``error`` (else its own) is raised."""
+        self.reads += 1
         try:
             real = _on_cpu(func, self._real(args, zeros=not remember), self._real(kwargs, zeros=not remember))
         except Exception as failure:
@@ -452,10 +460,7 @@ _WATCHED = frozenset(
 
 
 def _dropper(marks: dict[int, weakref.ref[torch.Tensor]], key: int) -> Callable[[object], None]:
-    def drop(_: object) -> None:  # the tensor is gone: so is its mark
-        marks.pop(key, None)
-
-    return drop
+    return lambda _: marks.pop(key, None)  # type: ignore[return-value]  # the tensor is gone: so is its mark
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:

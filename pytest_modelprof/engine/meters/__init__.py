@@ -22,6 +22,6 @@ file, handed to :func:`~pytest_modelprof.profile` as ``meters=[...]``::
             self.counts[op.key[-1] if op.key else "<outside the model>"] += 1
 """
 
-from ..observe.stream import Meter, Op, overrides
+from ..observe.stream import Meter, Op, Place, overrides
 
-__all__ = ["Meter", "Op", "overrides"]
+__all__ = ["Meter", "Op", "Place", "overrides"]

@@ -15,7 +15,7 @@ from ...results import ModuleOp, ModuleStats, OpStats, Phase, Profile
 from ..formulas import Formula, FormulaTable, OpCost, cost_of
 from ..observe.modules import StackKey
 from ..ops import op_info
-from . import Meter, Op
+from . import Meter, Op, Place
 
 __all__ = ["FlopMeter", "Recording"]
 
@@ -33,8 +33,8 @@ def _accumulate(rows: dict[Any, list[int]], key: Any, calls: int, flops: int, ma
         row[3] += skipped
 
 
-# op name -> [calls, flops, macs, skipped], and uncounted op name -> calls: what a memo replays
-Recording = tuple[dict[str, list[int]], Counter[str]]
+# (phase, module stack, op name) -> [calls, flops, macs, skipped], and uncounted op name -> calls: what a memo replays
+Recording = tuple[dict[tuple[Phase, StackKey, str], list[int]], Counter[str]]
 
 
 class FlopMeter(Meter):
@@ -73,16 +73,17 @@ class FlopMeter(Meter):
                 self._uncounted(op.name)
                 return
             cost = counted
-        _accumulate(self.tally, (op.phase, op.key, op.name), 1, cost.flops, cost.macs, cost.skipped)
+        where = (op.phase, op.key, op.name)
+        _accumulate(self.tally, where, 1, cost.flops, cost.macs, cost.skipped)
         if self._capture is not None:
-            _accumulate(self._capture[0], op.name, 1, cost.flops, cost.macs, cost.skipped)
+            _accumulate(self._capture[0], where, 1, cost.flops, cost.macs, cost.skipped)
 
     def _uncounted(self, name: str) -> None:
         self.uncounted[name] += 1
         if self._capture is not None:
             self._capture[1][name] += 1
 
-    # leaf-module memo ---------------------------------------------------------------
+    # the memos (observe/memo.py, observe/blocks.py) -----------------------------------
 
     def start_capture(self) -> None:
         self._capture = ({}, Counter())
@@ -91,10 +92,10 @@ class FlopMeter(Meter):
         recording, self._capture = self._capture, None
         return recording
 
-    def replay(self, recording: Recording, phase: Phase, key: StackKey) -> None:
+    def replay(self, recording: Recording, place: Place) -> None:
         rows, uncounted = recording
-        for name, (calls, flops, macs, skipped) in rows.items():
-            _accumulate(self.tally, (phase, key, name), calls, flops, macs, skipped)
+        for (phase, key, name), (calls, flops, macs, skipped) in rows.items():
+            _accumulate(self.tally, (*place(phase, key), name), calls, flops, macs, skipped)
         self.uncounted.update(uncounted)
 
     # the profile -------------------------------------------------------------------

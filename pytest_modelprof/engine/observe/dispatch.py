@@ -18,7 +18,7 @@ the ops of its decomposition, where it has one.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ from ..analytic.backward import SavedTensors, current_node, in_backward
 from ..ops import METADATA, packet_of
 from .hops import eager_higher_order, hop_name, is_hop, one_op, run_eagerly
 from .modules import ROOT, ModuleTracker, StackKey
-from .stream import Meter, Op, overrides
+from .stream import Meter, Op, Place, overrides
 
 
 def op_name(func: Any) -> str:
@@ -63,6 +63,10 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.capturing = False
         self.captured_ops = 0
         self.suspended = False
+        # a block memo (see blocks.py) watches the ops of a call it records, and mutes the meters while
+        # it recomputes a replayed block's forward pass to record its backward pass
+        self.watch: Callable[[Op], None] | None = None
+        self.muted = False
 
     @property
     def replayable(self) -> bool:
@@ -139,12 +143,16 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _ran(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
         """Hand the op that ran to the meters; its output."""
+        if self.muted:
+            return out
         phase, key, node = self.where()
         op = Op(func, name, args, kwargs, out, phase, key, node)
         for handle in self._op_handlers:
             handle(op)
         if self.capturing:
             self.captured_ops += 1
+            if self.watch is not None:
+                self.watch(op)
         return out
 
     def _higher_order(self, hop: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -173,9 +181,10 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.capturing = False
         return self.captured_ops, tuple(meter.end_capture() for meter in self.meters)
 
-    def replay(self, recordings: tuple[Any, ...], key: StackKey) -> None:
+    def replay(self, recordings: tuple[Any, ...], place: Place) -> None:
+        """Each meter's recording added again, its ops under the phases and stacks ``place`` gives."""
         for meter, recording in zip(self.meters, recordings):
-            meter.replay(recording, "forward", key)
+            meter.replay(recording, place)
 
     def suspend(self) -> None:
         """Take the dispatcher off the top of the mode stack (ops then run unseen)."""

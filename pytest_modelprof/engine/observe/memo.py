@@ -179,6 +179,7 @@ class LeafMemo:
         if (
             type(module) not in STOCK_LEAVES  # containers and custom modules: the common case, first
             or self._active is not None
+            or dispatcher.capturing  # a block (see blocks.py) is being recorded: its every op is watched
             or type(module) in self._single_op_types
             or dispatcher.region != "forward"
             or in_backward()
@@ -215,4 +216,4 @@ class LeafMemo:
                 self._single_op_types.add(type(module))
             return
         dispatcher.resume()
-        dispatcher.replay(recording, key)
+        dispatcher.replay(recording, lambda phase, _: (phase, key))

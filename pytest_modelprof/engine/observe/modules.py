@@ -118,18 +118,25 @@ class ModuleTracker:
             self.first_path[id(module)] = path
         return path is not None
 
-    def _enter(self, module: nn.Module, args: Any) -> None:
+    def frame_for(self, module: nn.Module) -> tuple[str, StackKey] | None:
+        """The path ``module`` runs at if it is called now, and the module stack it then runs under
+        (None: a module the tracker does not follow)."""
         if id(module) not in self.first_path and not self._adopt(module):
-            return
+            return None
         path = self._path_of(module)
         if not self.frames:
             # a module entered with nothing above it: the model itself, or a
             # checkpointed submodule recomputed during the backward pass
-            key = ancestors(path)
-        elif path in self.key:
-            key = self.key
-        else:
-            key = (*self.key, path)
+            return path, ancestors(path)
+        if path in self.key:
+            return path, self.key
+        return path, (*self.key, path)
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        frame = self.frame_for(module)
+        if frame is None:
+            return
+        path, key = frame
         self.frames.append((path, module, key))
         self.key = key
         if path not in self.ran:

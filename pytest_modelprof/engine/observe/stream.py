@@ -7,6 +7,7 @@ write one, are in :mod:`..meters`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -28,6 +29,11 @@ class Op(NamedTuple):
     phase: Phase
     key: StackKey  # the module stack, outermost first ("" is the model); () outside the model
     node: Any  # the autograd node it runs for in the backward pass, else None
+
+
+Place = Callable[["Phase", "StackKey"], tuple["Phase", "StackKey"]]
+"""Where a replayed recording's ops go: the phase and module stack they were recorded under -> those they
+count under now (a memo's recording of one call, replayed for another module at another path)."""
 
 
 class Meter:
@@ -55,17 +61,18 @@ class Meter:
         """Whether ``func`` should reach the meters as the ops of its decomposition (where it has one)."""
         return False
 
-    # Replaying repeated leaf-module calls (see :mod:`.memo`): only when every meter can.
+    # Replaying repeated module calls (see :mod:`.memo`, :mod:`.blocks`): only when every meter can.
     replayable = False
 
     def start_capture(self) -> None:
-        """Start recording what the next ops contribute."""
+        """Start recording what the next ops contribute, with the phase and module stack of each."""
 
     def end_capture(self) -> Any:
         """Stop recording; the recording."""
 
-    def replay(self, recording: Any, phase: Phase, key: StackKey) -> None:
-        """Add a recording again, under ``phase`` and ``key``, as if its ops ran there."""
+    def replay(self, recording: Any, place: Place) -> None:
+        """Add a recording again, each op under the phase and module stack ``place`` gives for those it was
+        recorded under, as if it ran there."""
 
 
 def overrides(meter: Meter, method: str) -> bool:
