@@ -93,10 +93,10 @@ from pytest_modelprof.engine.meters.collectives import CollectiveMeter  # noqa: 
 from pytest_modelprof.engine.meters.flops import FlopMeter  # noqa: E402
 from pytest_modelprof.engine.meters.memory import MemoryMeter  # noqa: E402
 from pytest_modelprof.engine.meters.predicted import PredictedMeter  # noqa: E402
+from pytest_modelprof.engine.observe import blocks as blocks_module  # noqa: E402
 from pytest_modelprof.engine.observe import modules as modules_module  # noqa: E402
 from pytest_modelprof.engine.observe.dispatch import Dispatcher  # noqa: E402
 from pytest_modelprof.engine.observe.modules import ModuleTracker  # noqa: E402
-from pytest_modelprof.engine.workload import Workload as EngineWorkload  # noqa: E402
 
 SEQUENCE = 2048
 ENGINE = ROOT / "pytest_modelprof" / "engine"
@@ -174,7 +174,7 @@ def llama_flops(layers: int) -> Workload:
         floor_title="the same fake-tensor forward + backward (functional_call), untracked",
         count=ops_of(step),
         references={"torch FlopCounterMode": lambda: step(flop_counter=True)},
-        ablations=[*ANALYTIC_ABLATIONS, "flop meter", "formula evaluation", "memo off"],
+        ablations=[*ANALYTIC_ABLATIONS, "flop meter", "formula evaluation", "memo off", "block memo off"],
     )
 
 
@@ -221,7 +221,7 @@ def resnet_forward() -> Workload:
         floor_title="the plain forward under torch.no_grad()",
         count=ops_of(step),
         references={"torch FlopCounterMode": lambda: _fcm_forward(model, x)},
-        ablations=[*REAL_ABLATIONS, "in_place once", "flop meter", "formula evaluation", "memo off"],
+        ablations=[*REAL_ABLATIONS, "flop meter", "formula evaluation", "memo off"],
     )
 
 
@@ -444,22 +444,12 @@ def _analytic_modes_removed(dispatcher: bool = False) -> Any:
     return stack
 
 
-def _in_place_once() -> Any:
-    """``Workload.in_place`` worked out once per workload: run_tensors asks it for every parameter, and each
-    answer compares the device of every parameter and buffer."""
-    stock = EngineWorkload.in_place
-
-    def in_place(self: EngineWorkload) -> bool:
-        answer = self.__dict__.get("_in_place_once")
-        if answer is None:
-            answer = self.__dict__["_in_place_once"] = stock.fget(self)
-        return bool(answer)
-
-    return patched(EngineWorkload, "in_place", property(in_place))
-
-
 def _memo_off() -> Any:
     return patched(Dispatcher, "replayable", property(lambda self: False))
+
+
+def _blocks_off() -> Any:
+    return patched(blocks_module, "repeated_blocks", lambda model: [])
 
 
 # name -> (part, what is done, the context that does it)
@@ -521,7 +511,8 @@ ABLATIONS: dict[str, tuple[str, str, Callable[[], Any]]] = {
         "each engine mode's __torch_dispatch__ unwrapped (as _should_skip_dynamo() -> False would leave it)",
         _dynamo_wrappers_off,
     ),
-    "memo off": ("leaf-module memo (a saving: negative)", "Dispatcher.replayable -> False", _memo_off),
+    "memo off": ("leaf-module and block memos (a saving: negative)", "Dispatcher.replayable -> False", _memo_off),
+    "block memo off": ("block memo (a saving: negative)", "no repeated block replayed (repeated_blocks -> [])", _blocks_off),
     "analytic modes removed": (
         "the three analytic modes together",
         "KnownValues, KernelOutputs and Routing not entered",
@@ -532,11 +523,6 @@ ABLATIONS: dict[str, tuple[str, str, Callable[[], Any]]] = {
         "KnownValues, KernelOutputs, Routing not entered and the Dispatcher off the stack: what is left is setup, "
         "module hooks and the fake step",
         lambda: _analytic_modes_removed(dispatcher=True),
-    ),
-    "in_place once": (
-        "setup: Workload.in_place per parameter",
-        "Workload.in_place worked out once per run, not once per parameter (each time over every tensor)",
-        _in_place_once,
     ),
     "CUDA ops mode pass-through": (
         "CUDA kernel choices: CudaOps",
@@ -602,6 +588,9 @@ _ENGINE_ROWS = [
     ("observe/stream.py", "dispatch (observe/dispatch.py)"),
     ("observe/modules.py", "module tracking (observe/modules.py)"),
     ("observe/memo.py", "leaf-module memo (observe/memo.py)"),
+    ("observe/blocks.py", "block memo (observe/blocks.py, alike.py, rerun.py)"),
+    ("observe/alike.py", "block memo (observe/blocks.py, alike.py, rerun.py)"),
+    ("observe/rerun.py", "block memo (observe/blocks.py, alike.py, rerun.py)"),
     ("meters/flops.py", "FLOP meter (meters/flops.py)"),
     ("meters/memory.py", "memory meter (meters/memory.py)"),
     ("targets/allocator.py", "memory meter: target's allocator, scratch, cuDNN (targets/)"),

@@ -2,6 +2,7 @@
 figure must be the one running each block gives, and a call whose replay could differ must run."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -278,6 +279,110 @@ def test_blocks_sharing_a_parameter_with_a_module_outside_them_run(monkeypatch, 
     replayed, run = both(monkeypatch, model, torch.randn(2, 5, 16), train=True)
     assert "layers.1" not in replays and replays
     assert replayed.to_dict() == run.to_dict()
+
+
+class Appending(Block):
+    def forward(self, x, outs):
+        y = super().forward(x)
+        outs.append(y)
+        return y
+
+
+class Config:
+    extra = 0
+
+
+class Configured(Block):
+    def __init__(self, width=16, index=0, config=None):
+        super().__init__(width, index)
+        self.config = config
+
+    def forward(self, x):
+        for _ in range(self.config.extra):  # an attribute of an object the block holds, set by its parent
+            x = x * 2
+        return super().forward(x)
+
+
+class Outside(nn.Module):
+    """Blocks whose caller changes what they see between calls, or calls them in ways a replay must follow."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind, self.config = kind, Config()
+        self.embed = nn.Linear(16, 16)
+        self.layers = nn.ModuleList(
+            Configured(config=self.config) if kind == "config" else Appending() if kind == "list" else Block() for _ in range(4)
+        )
+
+    def forward(self, x):
+        x = self.embed(x)
+        for index, layer in enumerate(self.layers):
+            if self.kind == "list":
+                outs = []
+                x = layer(x, outs) + sum(outs)
+            elif self.kind == "config":
+                self.config.extra = index % 2
+                x = layer(x)
+            elif self.kind == "checkpoint":
+                x = checkpoint(layer, x, use_reentrant=False)
+            elif self.kind == "residual":
+                x = x + layer(x)  # the block's input is used after it: the engine sums its two gradients
+            elif self.kind == "twice":
+                x = layer(layer(x))
+            elif self.kind == "weight":
+                x = layer(x)
+        if self.kind == "weight":  # a parameter of a block, used by its parent too: its gradients sum first
+            x = x * self.layers[1].norm.weight
+        return x
+
+
+@pytest.mark.parametrize("kind", ["list", "config", "checkpoint", "residual", "twice", "weight"])
+def test_what_the_caller_does_around_a_block_is_followed(monkeypatch, replays, kind):
+    replayed, run = both(monkeypatch, Outside(kind), torch.randn(2, 5, 16), train=True)
+    assert replayed.to_dict() == run.to_dict()
+    # (a block called again, or whose parameter its parent uses: the step runs again, with those blocks run)
+    assert bool(replays) == (kind in ("config", "residual", "twice", "weight"))
+    if kind == "config":
+        assert replays == ["layers.2", "layers.3"]  # each sees what an earlier call saw
+    replayed, run = both(monkeypatch, Outside(kind), torch.randn(2, 5, 16), train=True, autocast=torch.bfloat16)
+    assert replayed.to_dict() == run.to_dict()
+
+
+class SubclassHook(nn.Module):
+    """Wraps its subclasses' forward as transformers' GradientCheckpointingLayer does: a class made from one
+    of them (a logging subclass, say) would wrap it again."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        forward = cls.forward
+
+        def wrapped(self, *args):
+            if type(self).forward is not wrapped:
+                raise AssertionError("a subclass of the model's class ran")
+            return checkpoint(forward, self, *args, use_reentrant=False) if self.training else forward(self, *args)
+
+        cls.forward = wrapped
+
+
+class Wrapped(SubclassHook):
+    def __init__(self, width=16, index=0):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.act = functools.partial(F.gelu, approximate="tanh")  # made per module: alike when equal
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+def test_the_blocks_classes_are_their_own_while_a_call_is_recorded(monkeypatch, replays):
+    model = Stack(Wrapped)
+    replayed, run = both(monkeypatch, model, torch.randn(2, 5, 16))
+    assert replays == ["layers.1", "layers.2", "layers.3"]
+    assert replayed.to_dict() == run.to_dict()
+    replayed, run = both(monkeypatch, model, torch.randn(2, 5, 16), train=True)  # checkpointed: each runs
+    assert replayed.recompute_flops > 0
+    assert replayed.to_dict() == run.to_dict()
+    assert all(type(layer) is Wrapped for layer in model.layers)
 
 
 def test_the_callers_modules_are_left_as_they_were_even_after_an_error():

@@ -27,7 +27,7 @@ from .meters.collectives import CollectiveMeter
 from .meters.flops import FlopMeter
 from .meters.memory import CUDA_BLOCK, MemoryMeter
 from .meters.predicted import PredictedMeter
-from .observe.blocks import BlockMemo
+from .observe.blocks import BlockMemo, CalledAgain
 from .observe.dispatch import Dispatcher
 from .observe.memo import LeafMemo
 from .observe.modules import ModuleTracker
@@ -35,7 +35,7 @@ from .targets.cost import collective_seconds
 from .targets.gpus import GPUSpec, gpu_spec
 from .timing.latency import Timing, batch_size_of, measure_latency
 from .timing.layers import layer_times
-from .workload import Sharded, Workload, parse_device
+from .workload import Run, Sharded, Workload, parse_device
 
 
 def profile(
@@ -239,27 +239,45 @@ def _add_communication(predicted: PredictedReport, result: Profile, gpu: GPUSpec
 
 def _metered(workload: Workload, meters: list[Meter]) -> Profile:
     """One step of ``workload`` under ``meters``; the profile they make of it."""
-    tracker = ModuleTracker(workload.named_modules)
-    dispatcher = Dispatcher(tracker, meters, transparent_types() if workload.parallel is not None else (), workload.fake_mode)
-    with workload.prepared() as run:
-        if workload.train:
-            tracker.watch_parameters(run.tensors.params)
+    apart: frozenset[int] = frozenset()
+    while True:
+        tracker = ModuleTracker(workload.named_modules)
+        dispatcher = Dispatcher(tracker, meters, transparent_types() if workload.parallel is not None else (), workload.fake_mode)
         try:
-            for meter in meters:
-                meter.start(run.tensors, workload.target)
-            blocks = None
-            if dispatcher.replayable:
-                # repeated calls of stock leaf modules replay their first call's contributions, and on fake
-                # tensors, repeated blocks are not run again (a memory or time meter is not replayable)
-                tracker.observer = LeafMemo(dispatcher, hooks=1)
-                if run.deciders is not None and workload.fake_mode is not None and run.saved is None and workload.parallel is None:
-                    blocks = BlockMemo(dispatcher, tracker, run.deciders, workload.fake_mode, workload.model, hooks=1)
-            with dispatcher.attached(run.saved), blocks.installed() if blocks is not None else contextlib.nullcontext():
-                run.step(region=dispatcher.enter_region, tracker=tracker)
-        finally:
-            for meter in meters:
-                meter.stop()
-    return assemble(workload, tracker, meters)
+            with workload.prepared() as run:
+                if workload.train:
+                    tracker.watch_parameters(run.tensors.params)
+                try:
+                    for meter in meters:
+                        meter.start(run.tensors, workload.target)
+                    with dispatcher.attached(run.saved), _memos(workload, run, dispatcher, tracker, apart):
+                        run.step(region=dispatcher.enter_region, tracker=tracker)
+                finally:
+                    for meter in meters:
+                        meter.stop()
+        except CalledAgain as again:  # (only with the engine's FLOP meters: fresh ones count the step again)
+            apart |= again.blocks
+            meters = [FlopMeter(meter.formulas) for meter in meters if isinstance(meter, FlopMeter)]
+            continue
+        return assemble(workload, tracker, meters)
+
+
+def _memos(workload: Workload, run: Run, dispatcher: Dispatcher, tracker: ModuleTracker, apart: frozenset[int]) -> Any:
+    """Where every meter can replay what a call contributed: repeated calls of stock leaf modules replay
+    their first call's contributions, and on fake tensors with the engine's FLOP meters alone, repeated
+    blocks are not run again (``apart``: the blocks that always run)."""
+    if not dispatcher.replayable:
+        return contextlib.nullcontext()
+    tracker.observer = LeafMemo(dispatcher, hooks=1)
+    if (
+        run.deciders is None
+        or workload.fake_mode is None
+        or run.saved is not None
+        or workload.parallel is not None
+        or not all(type(meter) is FlopMeter for meter in dispatcher.meters)
+    ):
+        return contextlib.nullcontext()
+    return BlockMemo(dispatcher, tracker, run.deciders, workload.fake_mode, workload.model, hooks=1, apart=apart).installed()
 
 
 def _timed(workload: Workload, timing: Timing, result: Profile) -> None:

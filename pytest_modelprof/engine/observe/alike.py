@@ -13,6 +13,8 @@ replays one call for another, and what it watches while it records one.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -84,25 +86,58 @@ def leaf_signature(leaf: Any) -> Any:
     if isinstance(leaf, torch.Tensor):
         return (*_tensor_signature(leaf), leaf.storage_offset(), leaf.is_neg())
     if type(leaf) in EQUAL:
-        return (type(leaf), leaf)
+        return (type(leaf), leaf, math.copysign(1.0, leaf) if type(leaf) is float else None)  # 0.0 is not -0.0
     raise _NotReplayable
 
 
-def same_value(now: Any, then: Any) -> bool:
-    """Whether an attribute's value is the one a recorded call read."""
+def same_value(now: Any, then: Any, contents: Any) -> bool:
+    """Whether an attribute's value is the one a recorded call read: an equal number, string, dtype, ...,
+    tuples of them, a partial of the same function with such arguments, or the very object, holding
+    what it held then (``contents``, from :func:`contents_of`)."""
     if type(now) is not type(then):
         return False
     if isinstance(now, EQUAL):
-        return bool(now == then)
+        return bool(now == then) and (type(now) is not float or math.copysign(1.0, now) == math.copysign(1.0, then))
     if type(now) is tuple:
-        return len(now) == len(then) and all(same_value(a, b) for a, b in zip(now, then))
-    return now is then
+        return len(now) == len(then) and all(same_value(a, b, None) for a, b in zip(now, then))
+    if type(now) is functools.partial:  # made per module (an activation's approximation bound to it)
+        return (
+            now.func is then.func
+            and same_value(now.args, then.args, None)
+            and len(now.keywords) == len(then.keywords)
+            and all(k in then.keywords and same_value(v, then.keywords[k], None) for k, v in now.keywords.items())
+        )
+    return now is then and contents_of(now) == contents
+
+
+def contents_of(value: Any) -> Any:
+    """What a container or a plain object holds, shallowly (its items' identities, or values where they
+    compare by value): a read of it replays only while it holds the same. None for anything else."""
+    if isinstance(value, (nn.Module, torch.Tensor, type)) or callable(value):
+        return None
+    if isinstance(value, (list, tuple)) and type(value) is not tuple:
+        return tuple(map(_atom, value))
+    if isinstance(value, dict):
+        return tuple((k, _atom(v)) for k, v in value.items())
+    if isinstance(value, (set, frozenset)):
+        return frozenset(map(_atom, value))
+    if isinstance(value, bytearray):
+        return bytes(value)
+    state = getattr(value, "__dict__", None)
+    if type(state) is dict:  # a config object a parent may change between its blocks' calls
+        return tuple((k, _atom(v)) for k, v in state.items())
+    return None
+
+
+def _atom(value: Any) -> Any:
+    return (type(value), value) if type(value) in EQUAL and type(value) is not float else (type(value), id(value))
 
 
 class Reads:
-    """While entered, the modules of a block log every attribute of theirs that is read, and every one set."""
+    """While entered, the modules of a block log every attribute of theirs that is read, and every one set:
+    their classes' ``__getattribute__``, ``__setattr__`` and ``__delattr__`` are wrapped (on the classes
+    themselves, whose instances elsewhere are not logged) and put back on exit."""
 
-    _classes: ClassVar[dict[type, type]] = {}  # a module class -> its logging subclass
     active: ClassVar[Reads | None] = None  # the Reads entered
 
     def __init__(self, subtree: tuple[tuple[str, nn.Module], ...]) -> None:
@@ -110,40 +145,46 @@ class Reads:
         self.names = {id(module): name for name, module in subtree}
         self.read: dict[tuple[str, str], tuple[Any, Any]] = {}  # (module path, attribute) -> (value, its contents)
         self.wrote = False
-        self._swapped: dict[int, tuple[nn.Module, type]] = {}
+        self._patched: list[tuple[type, dict[str, Any]]] = []
 
     def __enter__(self) -> Reads:
         Reads.active = self
-        for _, module in self.subtree:
-            if id(module) not in self._swapped:
-                self._swapped[id(module)] = (module, type(module))
-                module.__class__ = _logging(type(module))
+        for cls in {type(module): None for _, module in self.subtree}:
+            own = {name: cls.__dict__[name] for name in _WRAPPED if name in cls.__dict__}
+            self._patched.append((cls, own))
+            for name, wrapper in _wrappers(cls).items():
+                setattr(cls, name, wrapper)
         return self
 
     def __exit__(self, *exc: object) -> None:
         Reads.active = None
-        for module, cls in self._swapped.values():
-            module.__class__ = cls
-        self._swapped = {}
+        for cls, own in self._patched:
+            for name in _WRAPPED:
+                if name in own:
+                    setattr(cls, name, own[name])
+                else:
+                    delattr(cls, name)
+        self._patched = []
 
     def note(self, module: Any, name: str, value: Any) -> None:
         path = self.names.get(id(module))
         if path is not None and (path, name) not in self.read:
-            self.read[(path, name)] = (value, _contents(value))
+            self.read[(path, name)] = (value, contents_of(value))
 
-    def log(self) -> list[tuple[str, str, Any]]:
-        return [(path, name, value) for (path, name), (value, _) in self.read.items()]
+    def log(self) -> list[tuple[str, str, Any, Any]]:
+        """Each attribute read: (module's path beneath the block, name, value, its contents then)."""
+        return [(path, name, value, contents) for (path, name), (value, contents) in self.read.items()]
 
     def changed(self) -> bool:
-        """Whether a list, dict or set the call read changed while it ran (something it appended to)."""
-        return any(contents is not None and _contents(value) != contents for value, contents in self.read.values())
+        """Whether a container or object the call read changed while it ran (a list it appended to)."""
+        return any(contents is not None and contents_of(value) != contents for value, contents in self.read.values())
 
 
-def _logging(cls: type) -> type:
-    """``cls`` with its instances' attribute reads and writes told to the active :class:`Reads`."""
-    made = Reads._classes.get(cls)
-    if made is not None:
-        return made
+_WRAPPED = ("__getattribute__", "__setattr__", "__delattr__")
+
+
+def _wrappers(cls: type) -> dict[str, Any]:
+    """``cls``'s attribute access, reads and writes of its instances told to the active :class:`Reads`."""
     get: Any = cls.__getattribute__
     put: Any = cls.__setattr__
     drop: Any = cls.__delattr__
@@ -156,38 +197,32 @@ def _logging(cls: type) -> type:
         return value
 
     def __setattr__(self: Any, name: str, value: Any) -> None:
-        if Reads.active is not None:
+        if Reads.active is not None and id(self) in Reads.active.names:
             Reads.active.wrote = True
         put(self, name, value)
 
     def __delattr__(self: Any, name: str) -> None:
-        if Reads.active is not None:
+        if Reads.active is not None and id(self) in Reads.active.names:
             Reads.active.wrote = True
         drop(self, name)
 
-    made = type(
-        cls.__name__,
-        (cls,),
-        {
-            "__getattribute__": __getattribute__,
-            "__setattr__": __setattr__,
-            "__delattr__": __delattr__,
-            "__module__": cls.__module__,
-            "__qualname__": cls.__qualname__,
-        },
-    )
-    Reads._classes[cls] = made
-    return made
+    return {"__getattribute__": __getattribute__, "__setattr__": __setattr__, "__delattr__": __delattr__}
 
 
-def _contents(value: Any) -> Any:
-    if isinstance(value, (list, tuple)) and type(value) is not tuple:
-        return tuple(map(id, value))
-    if isinstance(value, dict):
-        return tuple((k, id(v)) for k, v in value.items())
-    if isinstance(value, (set, bytearray)):
-        return frozenset(value) if isinstance(value, set) else bytes(value)
-    return None
+def containers_of(tree: Any) -> list[tuple[Any, Any]]:
+    """The lists, dicts and sets among a call's arguments, with what each holds (a block that appends
+    to one changes what its caller sees: it cannot be replayed)."""
+    found: list[tuple[Any, Any]] = []
+    stack = [tree]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, (list, dict, set)):
+            found.append((value, contents_of(value)))
+        if isinstance(value, (list, tuple, set)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    return found
 
 
 class Writes:
