@@ -151,7 +151,12 @@ class Mutates(Block):
 
 class Returns(Block):
     def forward(self, x):
-        return x, super().forward(x)
+        return x, super().forward(x)  # an argument handed back (T5's position bias): replayed as it is
+
+
+class ReturnsView(Block):
+    def forward(self, x):
+        return x[:, 1:], super().forward(x)
 
 
 class Stack2(Stack):
@@ -188,11 +193,11 @@ class StackFlag(Stack):
         (lambda: Stack(Appends), lambda: torch.randn(2, 5, 16)),
         (lambda: Stack(Sets), lambda: torch.randn(2, 5, 16)),
         (lambda: Stack(Mutates), lambda: torch.randn(2, 5, 16)),
-        (lambda: Stack2(Returns), lambda: torch.randn(2, 5, 16)),
+        (lambda: Stack2(ReturnsView), lambda: torch.randn(2, 5, 16)),
         (lambda: Stack(Closes), lambda: torch.randn(2, 5, 16)),
         (lambda: StackFlag(Reads), lambda: (torch.randn(2, 5, 16), torch.tensor(1))),
     ],
-    ids=["appends", "sets", "mutates", "returns-input", "closes-over", "reads-value"],
+    ids=["appends", "sets", "mutates", "returns-view", "closes-over", "reads-value"],
 )
 def test_a_call_whose_replay_could_differ_runs(monkeypatch, replays, model, inputs):
     replayed, run = both(monkeypatch, model(), inputs(), train=True)
@@ -232,6 +237,13 @@ def test_arguments_are_part_of_a_call_and_outputs_may_be_any_structure(monkeypat
     assert replayed.to_dict() == run.to_dict()
     # (x, scale=1 or 2) for the first two, (x, scale, a dict holding a tensor) for the rest
     assert replays == ["layers.4", "layers.5"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_argument_handed_back_is_the_argument(monkeypatch, replays, mode):
+    replayed, run = both(monkeypatch, Stack2(Returns), torch.randn(2, 5, 16), **MODES[mode])
+    assert replays == ["layers.1", "layers.2", "layers.3"]
+    assert replayed.to_dict() == run.to_dict()
 
 
 def test_a_hook_on_a_module_in_a_block_keeps_that_block_running(monkeypatch, replays):
@@ -383,6 +395,28 @@ def test_the_blocks_classes_are_their_own_while_a_call_is_recorded(monkeypatch, 
     assert replayed.recompute_flops > 0
     assert replayed.to_dict() == run.to_dict()
     assert all(type(layer) is Wrapped for layer in model.layers)
+
+
+class Attending(Block):
+    def forward(self, x, mask):
+        scores = (x @ x.transpose(-1, -2)) / 4 + mask  # -inf where masked: the run marks it as maybe not finite
+        return x + self.down(F.gelu(self.up(self.norm(scores.softmax(-1) @ x))))
+
+
+class Causal(Stack):
+    def forward(self, x):
+        x = self.embed(x)
+        mask = torch.zeros(5, 5).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_blocks_behind_an_additive_mask_replay_their_outputs_maybe_not_finite(monkeypatch, replays, mode):
+    replayed, run = both(monkeypatch, Causal(Attending), torch.randn(2, 5, 16), **MODES[mode])
+    assert replays == ["layers.2", "layers.3"]  # the first layer's input is finite, the others' maybe not
+    assert replayed.to_dict() == run.to_dict()
 
 
 def test_the_callers_modules_are_left_as_they_were_even_after_an_error():

@@ -67,8 +67,12 @@ class Deciders(NamedTuple):
         return self.known.reads + self.routing.acted
 
     def follow(self, t: torch.Tensor) -> bool:
-        """Whether the run knows something of ``t`` beyond its metadata."""
-        return self.known.follows(t) or self.routing.follows(t)
+        """Whether the run knows something of ``t``'s values beyond its metadata (other than that they may not be finite)."""
+        return self.known.follows(t, finiteness=False) or self.routing.follows(t)
+
+    def unbounded(self, t: torch.Tensor) -> bool:
+        """Whether all the run knows of ``t``'s values is that they may not be finite (a mask's -inf went into them)."""
+        return self.known.follows(t) and not self.follow(t)
 
 
 @contextlib.contextmanager

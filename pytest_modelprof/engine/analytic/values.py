@@ -128,9 +128,9 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         entry = self._values.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
 
-    def follows(self, t: torch.Tensor) -> bool:
-        """Whether the run knows ``t``'s value, that it is made of random draws, or that it may not be finite."""
-        return self.value(t) is not None or self._is_drawn(t) or ((mark := self._unbounded.get(id(t))) is not None and mark() is t)
+    def follows(self, t: torch.Tensor, finiteness: bool = True) -> bool:
+        """Whether the run knows ``t``'s value, that it is made of random draws, or (``finiteness``) that it may not be finite."""
+        return self.value(t) is not None or self._is_drawn(t) or (finiteness and self._may_not_be_finite(t, None))
 
     def _remember(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         key = id(fake)
@@ -281,16 +281,16 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if not produced:
             return
         if any(self._may_not_be_finite(t, v) for t, v in read):
-            self._mark_unbounded(produced)
+            self.mark_unbounded(produced)
             return
         answer = on_finite_numbers(func, flat)
         if answer is not None:
             if len(produced) == 1 and produced[0].dtype == torch.bool and produced[0].numel() <= LIMIT:
                 self._remember(produced[0], _on_cpu(aten.full.default, (list(produced[0].shape), answer), {"dtype": torch.bool}))
         elif any(isinstance(a, (float, complex)) and not is_finite_number(a) for a in flat):
-            self._mark_unbounded(produced)
+            self.mark_unbounded(produced)
 
-    def _mark_unbounded(self, tensors: Iterable[torch.Tensor]) -> None:
+    def mark_unbounded(self, tensors: Iterable[torch.Tensor]) -> None:
         for t in tensors:
             self._unbounded[id(t)] = weakref.ref(t, _dropper(self._unbounded, id(t)))
 

@@ -32,8 +32,9 @@ A call is recorded only where replaying it is sure to be exact; otherwise it run
 later calls of its signature too. It must read and decide no value (the known values
 and the router masks of :class:`~..analytic.modes.Deciders`), change no tensor it did not
 make nor a list or dict among its arguments, set no attribute, put no hook on an input,
-return tensors of its own (no view of an input, none the run knows a value of) and build a
-graph that reaches no tensor but its arguments and parameters. Its module and the modules
+return tensors of its own or arguments as they were given (no view of one; none the run knows
+a value of: that they may not be finite, as behind an additive mask, is made so again) and
+build a graph that reaches no tensor but its arguments and parameters. Its module and the modules
 beneath it must have no hooks and no ``forward`` of their own, and the call must run under
 no functorch transform, tracing, saved-tensor hooks (a checkpoint around it), global hook
 but the tracker's, or other memo. A block called a second time, and one whose parameter
@@ -79,7 +80,7 @@ from .alike import (
 )
 from .memo import _NotReplayable, _tensor_signature
 from .modules import ACCUMULATE_GRAD_SEQUENCE_NR
-from .rerun import Backwards, Call, Meta, Recorded, Replayed, State, hooks_of, placer
+from .rerun import Backwards, Call, Meta, Passed, Recorded, Replayed, State, hooks_of, meta_of, placer
 
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -196,6 +197,7 @@ class BlockMemo:
         leaves, spec = tree_flatten((args, kwargs))
         try:
             inputs = tuple(leaf_signature(leaf) for leaf in leaves)
+            unbounded = tuple(self.deciders.unbounded(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor))
             state = []
             for _, module in self._subtree(block):
                 if (
@@ -215,7 +217,7 @@ class BlockMemo:
                     )
                 )
             modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast_state())
-            signature = (type(block), spec, inputs, tuple(state), modes)
+            signature = (type(block), spec, inputs, unbounded, tuple(state), modes)
             hash(signature)
         except (_NotReplayable, TypeError, RuntimeError):
             return None
@@ -259,7 +261,7 @@ class BlockMemo:
             and all(contents_of(c) == then for c, then in containers)
             and hooks == [hooks_of(t) for t in inputs]  # no hook put on an input, which its backward would run
         ):
-            recorded = self._recorded(block, path, key, out, recording, reads, calls_before, given)
+            recorded = self._recorded(block, path, key, args, kwargs, out, recording, reads, calls_before, given)
         if recorded is not None and recorded.differentiable and not closed_graph(out, inputs, params, first_node):
             recorded = None
         if recorded is None:
@@ -273,6 +275,8 @@ class BlockMemo:
         block: nn.Module,
         path: str,
         key: StackKey,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         out: Any,
         recording: tuple[Any, ...],
         reads: Reads,
@@ -281,10 +285,14 @@ class BlockMemo:
     ) -> Recorded | None:
         """The recording of a call that ran, or None where its output cannot be made again exactly."""
         leaves, spec = tree_flatten(out)
+        arguments = tree_flatten((args, kwargs))[0]
         kept: list[Any] = []
         storages = set(given)
         for leaf in leaves:
-            if isinstance(leaf, torch.Tensor):
+            passed = next((i for i, argument in enumerate(arguments) if leaf is argument), None)
+            if passed is not None:  # an argument handed back as it is (T5 passes its position bias on)
+                kept.append(Passed(passed))
+            elif isinstance(leaf, torch.Tensor):
                 if (
                     type(leaf) is not FakeTensor
                     or leaf.layout is not torch.strided
@@ -298,7 +306,7 @@ class BlockMemo:
                 ):
                     return None
                 storages.add(storage_of(leaf))
-                kept.append(Meta(tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad))
+                kept.append(meta_of(leaf, leaf.requires_grad, self.deciders.unbounded(leaf)))
             elif type(leaf) in EQUAL:
                 kept.append(leaf)
             else:
@@ -342,7 +350,9 @@ class BlockMemo:
             made = iter(Replayed.apply(call, *inputs, *params))
         else:
             made = iter([self.backwards.tensor(m) for m in recorded.leaves if isinstance(m, Meta)])
-        out = tree_unflatten([next(made) if isinstance(m, Meta) else m for m in recorded.leaves], recorded.spec)
+        arguments = tree_flatten((args, kwargs))[0]
+        leaves = [next(made) if isinstance(m, Meta) else arguments[m.argument] if isinstance(m, Passed) else m for m in recorded.leaves]
+        out = tree_unflatten(leaves, recorded.spec)
         tracker._exit(block, args, out)
         self.replays += 1
         self._replayed.add(id(block))

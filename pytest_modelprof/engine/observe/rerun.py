@@ -50,6 +50,13 @@ class Meta(NamedTuple):
     dtype: torch.dtype
     device: torch.device
     requires_grad: bool
+    unbounded: bool  # its values may not be finite (see analytic.values): the one made again is marked so too
+
+
+class Passed(NamedTuple):
+    """An output that is one of the call's arguments, handed back as it is: its place among them."""
+
+    argument: int
 
 
 class Recorded(NamedTuple):
@@ -60,7 +67,7 @@ class Recorded(NamedTuple):
     path: str  # where it ran, and the module stack it ran under
     key: StackKey
     calls: tuple[tuple[str | None, str], ...]  # each module it called: (its name beneath the block, or None and its path)
-    spec: Any  # its output's structure, and each leaf: a Meta for a tensor, else the value
+    spec: Any  # its output's structure, and each leaf: a Meta for a tensor it made, a Passed argument, else the value
     leaves: tuple[Any, ...]
     differentiable: bool  # whether any output requires grad (its replay then goes through Replayed)
 
@@ -92,7 +99,10 @@ class Backwards:
         """An empty fake tensor of the run with ``meta``'s metadata, made beneath every mode (no op is dispatched)."""
         with torch._C._DisableTorchDispatch():
             empty = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device="meta")
-        return self.fake_mode.fake_tensor_converter.from_meta_and_device(self.fake_mode, empty, meta.device)
+        made = self.fake_mode.fake_tensor_converter.from_meta_and_device(self.fake_mode, empty, meta.device)
+        if meta.unbounded:
+            self.deciders.known.mark_unbounded([made])
+        return made
 
     def backward_of(self, call: Call, grads: tuple[torch.Tensor | None, ...], needs: tuple[bool, ...]) -> list[Any]:
         """The gradients of a replayed call's inputs (None where not needed), its backward pass counted and its
@@ -147,7 +157,7 @@ class Backwards:
         finally:
             dispatcher.muted = False
             tracker.frames, tracker.key = frames, stack_key
-        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        outputs = [t for t, m in zip(tree_flatten(out)[0], call.recorded.leaves) if isinstance(m, Meta)]  # the Function's
         pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
         made: list[Any] = [None] * len(inputs)
         handles = [t.register_hook(_stash(made, i)) for i, (t, need) in enumerate(zip(inputs, needs)) if need]
@@ -182,10 +192,13 @@ class Backwards:
         for t in tensors:  # a gradient passed on, or shared by two inputs, is not one a replay could make
             exact = exact and storage_of(t) not in storages
             storages.add(storage_of(t))
-        param_grads = tuple(meta_of(p.grad, False) if was_none and p.grad is not None else None for p, was_none in zip(call.params, before))
+        param_grads = tuple(
+            meta_of(p.grad, False, self.deciders.unbounded(p.grad)) if was_none and p.grad is not None else None
+            for p, was_none in zip(call.params, before)
+        )
         if not exact or not all(p.grad is None or plain(p.grad) for p in call.params):
             return made, None
-        metas = tuple(None if t is None else meta_of(t, False) for t in made)
+        metas = tuple(None if t is None else meta_of(t, False, self.deciders.unbounded(t)) for t in made)
         return made, Backward(recording, call.path, call.key, metas, param_grads, delivery)
 
 
@@ -254,8 +267,8 @@ def autocast_again(state: tuple[Any, ...] | None) -> contextlib.ExitStack:
     return stack
 
 
-def meta_of(t: torch.Tensor, requires_grad: bool) -> Meta:
-    return Meta(tuple(t.shape), t.stride(), t.dtype, t.device, requires_grad)
+def meta_of(t: torch.Tensor, requires_grad: bool, unbounded: bool) -> Meta:
+    return Meta(tuple(t.shape), t.stride(), t.dtype, t.device, requires_grad, unbounded)
 
 
 def plain(t: torch.Tensor) -> bool:
