@@ -370,11 +370,19 @@ class _NoMode:
     def __exit__(self, *exc: object) -> None:
         return None
 
+    reads = acted = 0  # KnownValues' and Routing's counts, which the block memo reads
+
     def value(self, t: torch.Tensor) -> None:  # KnownValues'
         return None
 
     def decided(self, t: torch.Tensor) -> None:  # Routing's
         return None
+
+    def follows(self, t: torch.Tensor, finiteness: bool = True) -> bool:  # both
+        return False
+
+    def mark_unbounded(self, tensors: Any) -> None:  # KnownValues'
+        pass
 
 
 class _Handle:
@@ -383,7 +391,8 @@ class _Handle:
 
 
 def _tracker_passthrough() -> Any:
-    """The tracker's hooks stay (the leaf-module memo is told of every call through them); its bookkeeping goes."""
+    """The tracker's hooks stay (the leaf-module memo is told of every call through them); its bookkeeping goes,
+    and with it the block memo, which replays calls under the stacks the tracker keeps."""
 
     def enter(self: ModuleTracker, module: Any, args: Any) -> None:
         if self.observer is not None:
@@ -394,6 +403,7 @@ def _tracker_passthrough() -> Any:
             self.observer.exit(module)
 
     stack = contextlib.ExitStack()
+    stack.enter_context(_blocks_off())
     stack.enter_context(patched(ModuleTracker, "_enter", enter))
     stack.enter_context(patched(ModuleTracker, "_exit", exit_))
     return stack
@@ -466,7 +476,7 @@ ABLATIONS: dict[str, tuple[str, str, Callable[[], Any]]] = {
     ),
     "module tracking pass-through": (
         "module tracking",
-        "ModuleTracker._enter/_exit -> only the memo's calls (no stacks, no autograd boundaries)",
+        "ModuleTracker._enter/_exit -> only the leaf memo's calls (no stacks, no autograd boundaries, no block memo)",
         _tracker_passthrough,
     ),
     "module tracking removed": (
