@@ -59,17 +59,36 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
         counts = Counter(kind(m) for m in modules)
     except TypeError:  # a symbolic size
         return []
-    holders: dict[int, set[int]] = {}
-    for module in model.modules():
+    # where each module's subtree begins and ends in a walk of the model (a module reached twice: its first)
+    begins: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    holders: dict[int, list[int]] = {}  # a parameter held by more than one module -> where each holder begins
+
+    reached: set[int] = set()  # modules reached from two places (a block shares them with another)
+
+    def walk(module: nn.Module) -> None:
+        if id(module) in begins:
+            reached.add(id(module))
+            return
+        begins[id(module)] = len(begins)
         for p in module._parameters.values():
             if p is not None:
-                holders.setdefault(id(p), set()).add(id(module))
+                holders.setdefault(id(p), []).append(begins[id(module)])
+        for child in module._modules.values():
+            if child is not None:
+                walk(child)
+        ends[id(module)] = len(begins)
+
+    walk(model)
+    shared = [places for places in holders.values() if len(places) > 1]
 
     def alone(block: nn.Module) -> bool:
-        """Whether no module outside ``block`` holds one of its parameters (autocast's cast of a weight is
-        cached for the next use of the weight: in another module, a replayed call would not have made it)."""
-        inside = {id(m) for m in block.modules()}
-        return all(holders[id(p)] <= inside for p in block.parameters())
+        """Whether no module outside ``block`` holds one of its parameters, nor is one of its modules another's
+        (autocast's cast of a weight is cached for the weight's next use: a replayed call would not make it)."""
+        begin, end = begins[id(block)], ends[id(block)]
+        if reached and any(id(m) in reached for m in block.modules()):
+            return False
+        return all(all(begin <= at < end for at in places) or not any(begin <= at < end for at in places) for places in shared)
 
     return [m for m in modules if counts[kind_of[id(m)]] > 1 and alone(m)]
 

@@ -2,9 +2,10 @@
 
 A deep model is a few kinds of block repeated: the 32 decoder layers of a Llama, the
 bottlenecks of a ResNet stage. On fake tensors each block's ops run only to be counted,
-and two calls that are sure to run the same ops count the same: so the first call of a
-block is run and its counts recorded, and a later call of a block *like it* adds the
-recording again under its own module paths, without running. Its outputs are made
+and two calls that are sure to run the same ops count the same: so a call like one seen
+before is run and its counts recorded (a first call only runs: a model whose blocks all
+differ records nothing), and a later call of a block *like it* adds the recording again
+under its own module paths, without running. Its outputs are made
 empty with the recorded metadata, through an ``autograd.Function`` (:class:`.rerun.Replayed`)
 whose backward does the same for the block's backward pass: the first replayed block
 that reaches it runs its forward again with the meters muted, on what its call read as
@@ -118,6 +119,7 @@ class BlockMemo:
         self._subtrees: dict[int, tuple[tuple[str, nn.Module], ...]] = {}
         self.recorded: dict[Any, list[Recorded]] = {}
         self.refused: set[Any] = set()
+        self.seen: set[Any] = set()
         self.backwards = Backwards(dispatcher, tracker, deciders, fake_mode)
         self.replays = 0
         self._recording = False
@@ -170,6 +172,9 @@ class BlockMemo:
         self._called.add(id(block))
         signature = self._signature(block, args, kwargs)
         if signature is None or signature in self.refused or self.tracker.frame_for(block) is None:
+            return _run(block, args, kwargs)
+        if signature not in self.seen:  # a first call just runs: only a signature seen again is worth recording
+            self.seen.add(signature)
             return _run(block, args, kwargs)
         subtree = dict(self._subtree(block))
         tried = self.recorded.get(signature, ())
