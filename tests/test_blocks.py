@@ -433,7 +433,7 @@ def test_the_callers_modules_are_left_as_they_were_even_after_an_error():
         profile(model, torch.randn(2, 5, 16), device="meta", memory=False, train=True)
     for module in model.modules():
         assert "_compiled_call_impl" not in vars(module)
-        assert type(module).__module__ != blocks.__name__
+        assert not {"__getattribute__", "__setattr__", "__delattr__"} & set(vars(type(module)))  # (raised while recorded)
     assert [type(layer) for layer in model.layers] == [Fails] * 4
 
 
