@@ -33,13 +33,13 @@ def replays(monkeypatch):
     return seen
 
 
-def both(monkeypatch, model, x, **options):
+def both(monkeypatch, model, x, memory=False, **options):
     """The profile with the block memo, and without it."""
-    replayed = profile(model, x, device="meta", memory=False, **options)
+    replayed = profile(model, x, device="meta", memory=memory, **options)
     SHARED.grad = None  # a tensor outside the model, which the run does not give back its gradient
     with monkeypatch.context() as m:
         m.setattr(blocks, "repeated_blocks", lambda model: [])
-        run = profile(model, x, device="meta", memory=False, **options)
+        run = profile(model, x, device="meta", memory=memory, **options)
     SHARED.grad = None
     return replayed, run
 
@@ -437,8 +437,45 @@ def test_the_callers_modules_are_left_as_they_were_even_after_an_error():
     assert [type(layer) for layer in model.layers] == [Fails] * 4
 
 
-def test_memory_and_real_runs_run_every_block(replays):
+def test_memory_with_grad_and_real_runs_run_every_block(replays):
     model, x = Stack(), torch.randn(2, 5, 16)
     profile(model, x, device="meta", train=True)
+    profile(model, x, device="meta", no_grad=False)
     profile(model, x, memory=False, train=True)
     assert replays == []
+
+
+KEPT = []
+
+
+class Keeps(Block):
+    def forward(self, x):
+        out = super().forward(x)
+        KEPT.append(out * 2)  # a storage the call leaves behind that is not its output's
+        return out
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: (Stack(), torch.randn(2, 5, 16)),
+        lambda: (Causal(Attending, layers=5), torch.randn(2, 5, 16)),
+        lambda: (Stack2(Returns), torch.randn(2, 5, 16)),
+        tiny_llama,
+        lambda: (GPT2(dataclasses.replace(GPT2Config.tiny(), layers=4)), torch.randint(0, 256, (2, 16))),
+    ],
+    ids=["stack", "masked", "passes-on", "llama", "gpt2"],
+)
+def test_a_forward_pass_without_grad_replays_its_memory_moment_by_moment(monkeypatch, replays, build):
+    model, x = build()
+    replayed, run = both(monkeypatch, model, x, memory=True)
+    assert replays
+    assert replayed.memory.timeline == run.memory.timeline  # every op's moment, and the peak among them
+    assert replayed.to_dict() == run.to_dict()
+
+
+def test_a_call_that_leaves_memory_behind_runs(monkeypatch, replays):
+    replayed, run = both(monkeypatch, Stack(Keeps), torch.randn(2, 5, 16), memory=True)
+    KEPT.clear()
+    assert replays == []
+    assert replayed.to_dict() == run.to_dict()

@@ -255,29 +255,34 @@ def _metered(workload: Workload, meters: list[Meter]) -> Profile:
                 finally:
                     for meter in meters:
                         meter.stop()
-        except CalledAgain as again:  # (only with the engine's FLOP meters: fresh ones count the step again)
+        except CalledAgain as again:  # (only with the engine's FLOP and CPU memory meters: fresh ones count the step again)
             apart |= again.blocks
-            meters = [FlopMeter(meter.formulas) for meter in meters if isinstance(meter, FlopMeter)]
+            meters = [FlopMeter(meter.formulas) if isinstance(meter, FlopMeter) else MemoryMeter() for meter in meters]
             continue
         return assemble(workload, tracker, meters)
 
 
 def _memos(workload: Workload, run: Run, dispatcher: Dispatcher, tracker: ModuleTracker, apart: frozenset[int]) -> Any:
-    """Where every meter can replay what a call contributed: repeated calls of stock leaf modules replay
-    their first call's contributions, and on fake tensors with the engine's FLOP meters alone, repeated
-    blocks are not run again (``apart``: the blocks that always run)."""
-    if not dispatcher.replayable:
-        return contextlib.nullcontext()
-    tracker.observer = LeafMemo(dispatcher, hooks=1)
+    """Where every meter can replay what a call contributed, repeated calls of stock leaf modules replay their
+    first call's contributions. On fake tensors with the engine's FLOP and memory meters alone, repeated
+    blocks are not run again (``apart``: the blocks that always run): every call with the FLOP meter alone,
+    the calls made without grad when memory is followed (see observe/memory_replay.py)."""
+    if dispatcher.replayable:
+        tracker.observer = LeafMemo(dispatcher, hooks=1)
+    kinds = {type(meter) for meter in dispatcher.meters}
     if (
         run.deciders is None
         or workload.fake_mode is None
         or run.saved is not None
         or workload.parallel is not None
-        or not all(type(meter) is FlopMeter for meter in dispatcher.meters)
+        or workload.gpu is not None
+        or not kinds <= {FlopMeter, MemoryMeter}
     ):
         return contextlib.nullcontext()
-    return BlockMemo(dispatcher, tracker, run.deciders, workload.fake_mode, workload.model, hooks=1, apart=apart).installed()
+    memo = BlockMemo(
+        dispatcher, tracker, run.deciders, workload.fake_mode, workload.model, hooks=1, apart=apart, inference_only=MemoryMeter in kinds
+    )
+    return memo.installed()
 
 
 def _timed(workload: Workload, timing: Timing, result: Profile) -> None:

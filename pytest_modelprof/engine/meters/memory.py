@@ -28,6 +28,9 @@ step (the optimizer's step counters, host scalars) are not device memory and are
 the cuBLAS workspaces are held under ``workspace`` for the whole step and the allocator's
 reserved segments estimated apart (:mod:`..targets.allocator`); what a kernel allocates
 while it runs (:mod:`..targets.scratch`) is held under ``workspace`` for that op's moment.
+
+In an analytic pass without grad, a repeated block is recorded once and replayed, moment by moment
+(:mod:`..observe.memory_replay`, :mod:`..observe.blocks`).
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ from ...results import MEMORY_CATEGORIES, MemoryReport, ModuleStats, OpStats, Ph
 from ..analytic.fake import RunTensors
 from ..analytic.inputs import input_tensors
 from ..distributed import local, storage_resizes
+from ..observe import memory_replay
 from ..observe.modules import ACCUMULATE_GRAD_SEQUENCE_NR, StackKey
 from ..targets import cudnn
 from ..targets.allocator import CUBLAS_OPS, reserved_bytes, workspace_bytes
 from ..targets.gpus import GPUSpec
 from ..targets.scratch import convolution_workspaces, kernel_scratch
-from . import Meter, Op
+from . import Meter, Op, Place
 
 CATEGORIES = MEMORY_CATEGORIES
 # the meter keeps its totals in a list, indexed by category
@@ -101,6 +105,7 @@ class MemoryMeter(Meter):
         self.measured: dict[str, int] = {}  # a real CUDA run: the caching allocator's figures for the step
         self._finalizers: list[weakref.finalize[Any, Any]] = []
         self._resizes: Any = None  # FSDP2's storage resizes, told to the meter during the run
+        self._capture: memory_replay.Capture | None = None  # a block's call under no_grad, recorded
         self._open = True
 
     def _set_rounding(self, round_to: int) -> None:
@@ -172,6 +177,8 @@ class MemoryMeter(Meter):
         else:
             row[0] += 1
             row[1] += self.allocated - before
+        if self._capture is not None:
+            self._capture.row(key, self.allocated - before)
 
     def _scratch(self, op: Op) -> None:
         """Kernel scratch (:mod:`..targets.scratch`): allocated after the op's outputs, freed before
@@ -318,12 +325,32 @@ class MemoryMeter(Meter):
             if self.events is not None:
                 self.events.append((address, -1))
 
+    # a block's call under no_grad, recorded and replayed (observe/memory_replay.py) --------------------
+
+    def start_capture(self) -> None:
+        self._capture = memory_replay.Capture(self)
+
+    def end_capture(self) -> memory_replay.Recording | None:
+        capture, self._capture = self._capture, None
+        return capture.done(self) if capture is not None else None
+
+    def replay(self, recording: Any, place: Place) -> None:
+        memory_replay.replay(self, recording, place)
+
+    def closes(self, recording: Any, outputs: list[torch.Tensor]) -> bool:
+        return recording is not None and bool(recording.closes(outputs))
+
+    def made(self, recording: Any, outputs: list[torch.Tensor]) -> None:
+        memory_replay.follow(self, recording, outputs)
+
     # time --------------------------------------------------------------------
 
     def sample(self, phase: Phase, key: StackKey) -> None:
         """Record the bytes per category after an op, and the peak."""
         totals = tuple(self.totals)
         self.timeline.append((phase, totals))
+        if self._capture is not None:
+            self._capture.sample(phase, key, totals)
         total = sum(totals)
         for index, value in enumerate(totals):
             if value > self.category_max[index]:

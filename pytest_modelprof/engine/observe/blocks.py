@@ -44,10 +44,12 @@ which a replay cannot: where one of them had a call replayed, the step runs agai
 blocks of its type always run (:class:`CalledAgain`). What a replay cannot see is state
 outside the modules and the arguments (a global variable the parent sets before each call).
 
-Only analytic runs with the engine's FLOP meter alone use the memo (memory figures need every
-op's tensors; a predicted time's clock follows the ops in order), on the modules that repeat
-another's type and structure and share no parameter with a module outside them
-(:func:`.alike.repeated_blocks`); it lives for one run.
+Only analytic runs with the engine's FLOP meter, and its memory meter on the CPU, use the memo (a
+predicted time's clock follows the ops in order; a sharded step's collectives are not recorded). With
+memory followed, only calls made without grad replay: a call's memory is then its own, moment by
+moment (:mod:`.memory_replay`), while a replayed backward pass would free and accumulate at
+other moments than the step. The memo serves the modules that repeat another's type and structure
+and share no parameter with a module outside them (:func:`.alike.repeated_blocks`); it lives for one run.
 """
 
 from __future__ import annotations
@@ -106,9 +108,12 @@ class BlockMemo:
         model: nn.Module,
         hooks: int,
         apart: frozenset[int] = frozenset(),
+        inference_only: bool = False,
     ) -> None:
         """``hooks``: how many global forward pre-hooks (and as many forward hooks) are the tracker's own;
-        ``apart``: the ids of blocks that always run (called more than once in an earlier try of the step)."""
+        ``apart``: the ids of blocks that always run (called more than once in an earlier try of the step);
+        ``inference_only``: replay only calls made without grad (a run that follows memory)."""
+        self.inference_only = inference_only
         self.dispatcher = dispatcher
         self.tracker = tracker
         self.deciders = deciders
@@ -163,6 +168,8 @@ class BlockMemo:
     def _call(self, block: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if self._recording or self.dispatcher.capturing or self.dispatcher.region != "forward" or in_backward():
             return _run(block, args, kwargs)
+        if self.inference_only and torch.is_grad_enabled():
+            return _run(block, args, kwargs)  # (memory is followed: a replayed backward pass frees otherwise)
         if id(block) in self._called:
             # a block called again: its calls' gradients sum in its parameters' accumulators, and autocast
             # casts its weights once; a replayed call takes part in neither, so the step runs again without it
@@ -196,9 +203,11 @@ class BlockMemo:
             or _module_globals._global_backward_pre_hooks
             or torch._C._functorch.peek_interpreter_stack() is not None
             or torch._C._get_tracing_state() is not None
-            or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None  # a checkpoint, offloading
         ):
             return None
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if hooks is not None and hooks[0] is not self.dispatcher.pack:
+            return None  # saved-tensor hooks of the model's: a checkpoint around the call, offloading
         leaves, spec = tree_flatten((args, kwargs))
         try:
             inputs = tuple(leaf_signature(leaf) for leaf in leaves)
@@ -326,6 +335,9 @@ class BlockMemo:
             if name is not None and called != (f"{path}.{name}" if name else path):
                 return None  # a module beneath it that ran at a path of its own: where would a replay's run?
             calls.extend([(name, called)] * extra)
+        made = [leaf for leaf, m in zip(leaves, kept) if isinstance(m, Meta)]
+        if not all(meter.closes(part, made) for meter, part in zip(self.dispatcher.meters, recording)):
+            return None  # (memory: the call left storages other than its outputs')
         differentiable = any(isinstance(m, Meta) and m.requires_grad for m in kept)
         return Recorded(tuple(reads.log()), recording, path, key, tuple(calls), spec, tuple(kept), differentiable)
 
@@ -354,7 +366,10 @@ class BlockMemo:
             call = Call(self.backwards, block, recorded, args, kwargs, frames, path, key, autocast_state(), len(inputs), params, state)
             made = iter(Replayed.apply(call, *inputs, *params))
         else:
-            made = iter([self.backwards.tensor(m) for m in recorded.leaves if isinstance(m, Meta)])
+            outputs = [self.backwards.tensor(m) for m in recorded.leaves if isinstance(m, Meta)]
+            for meter, part in zip(self.dispatcher.meters, recorded.recording):
+                meter.made(part, outputs)
+            made = iter(outputs)
         arguments = tree_flatten((args, kwargs))[0]
         leaves = [next(made) if isinstance(m, Meta) else arguments[m.argument] if isinstance(m, Passed) else m for m in recorded.leaves]
         out = tree_unflatten(leaves, recorded.spec)

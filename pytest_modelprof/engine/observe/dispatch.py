@@ -69,6 +69,7 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.muted = False
         self.hidden: frozenset[Any] | set[Any] = frozenset()  # autograd nodes whose ops the meters do not see
         self.guard: Callable[[Any], None] | None = None  # told of the node of each op of the backward pass
+        self.pack: Any = None  # the run's own saved-tensors pack hook, where it has one
 
     @property
     def replayable(self) -> bool:
@@ -83,7 +84,8 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         with contextlib.ExitStack() as stack:
             if savers or saved is not None:
                 unpack = saved.unpack if saved is not None else _identity
-                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._saver(savers, saved), unpack))
+                self.pack = self._saver(savers, saved)
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self.pack, unpack))
                 if saved is not None:
                     stack.enter_context(saved.nested())
             stack.enter_context(eager_higher_order())

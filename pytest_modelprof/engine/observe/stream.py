@@ -74,6 +74,14 @@ class Meter:
         """Add a recording again, each op under the phase and module stack ``place`` gives for those it was
         recorded under, as if it ran there."""
 
+    def closes(self, recording: Any, outputs: list[torch.Tensor]) -> bool:
+        """Whether a recorded block call (:mod:`.blocks`) left nothing behind but ``outputs``, the tensors it made
+        and returned: a recording that says otherwise is not replayed."""
+        return True
+
+    def made(self, recording: Any, outputs: list[torch.Tensor]) -> None:
+        """A replayed block call made ``outputs`` (empty, as the recorded call's were)."""
+
 
 def overrides(meter: Meter, method: str) -> bool:
     """Whether ``meter``'s class overrides :class:`Meter`'s ``method``."""
