@@ -62,7 +62,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.modules import module as _module_globals
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -75,7 +74,6 @@ from .alike import (
     closed_graph,
     containers_of,
     contents_of,
-    extent,
     leaf_signature,
     repeated_blocks,
     same_value,
@@ -83,7 +81,7 @@ from .alike import (
 )
 from .memo import _NotReplayable, _tensor_signature
 from .modules import ACCUMULATE_GRAD_SEQUENCE_NR
-from .rerun import Backwards, Call, Meta, Passed, Recorded, Replayed, State, hooks_of, meta_of, placer
+from .rerun import MISSING, Backwards, Call, Meta, Passed, Recorded, Replayed, State, hooks_of, meta_of, placer, plain
 
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -92,7 +90,6 @@ if TYPE_CHECKING:
     from .dispatch import Dispatcher
     from .modules import ModuleTracker, StackKey
 
-_MISSING = object()
 _TRIES = 2  # recordings of one signature whose reads differ, after which its calls just run
 
 
@@ -126,7 +123,6 @@ class BlockMemo:
         self.refused: set[Any] = set()
         self.seen: set[Any] = set()
         self.backwards = Backwards(dispatcher, tracker, deciders, fake_mode)
-        self.replays = 0
         self._recording = False
         self._called: set[int] = set()  # the blocks called so far
         self._replayed: set[int] = set()  # ... and those of them replayed
@@ -186,7 +182,7 @@ class BlockMemo:
         subtree = dict(self._subtree(block))
         tried = self.recorded.get(signature, ())
         for recorded in tried:
-            if all(same_value(subtree[path].__dict__.get(name, _MISSING), value, then) for path, name, value, then in recorded.reads):
+            if all(same_value(subtree[path].__dict__.get(name, MISSING), value, then) for path, name, value, then in recorded.reads):
                 return self._replay(block, recorded, args, kwargs)
         if len(tried) >= _TRIES:
             self.refused.add(signature)
@@ -246,7 +242,7 @@ class BlockMemo:
         path, key = tracker.frame_for(block)  # type: ignore[misc]
         subtree = self._subtree(block)
         inputs = [leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, torch.Tensor)]
-        params = _unique(p for _, m in subtree for p in m._parameters.values() if p is not None)
+        params = _params(subtree)
         buffers = _unique(b for _, m in subtree for b in m._buffers.values() if b is not None)
         given = {storage_of(t) for t in (*inputs, *params, *buffers)}
         watch = Writes(given)
@@ -308,13 +304,10 @@ class BlockMemo:
                 kept.append(Passed(passed))
             elif isinstance(leaf, torch.Tensor):
                 if (
-                    type(leaf) is not FakeTensor
-                    or leaf.layout is not torch.strided
-                    or leaf.storage_offset() != 0
+                    not plain(leaf)
                     or leaf.is_conj()
                     or leaf.is_neg()
                     or storage_of(leaf) in storages
-                    or leaf.untyped_storage().nbytes() != extent(leaf)
                     or self.deciders.follow(leaf)
                     or hooks_of(leaf) != (0, 0)
                 ):
@@ -374,7 +367,6 @@ class BlockMemo:
         leaves = [next(made) if isinstance(m, Meta) else arguments[m.argument] if isinstance(m, Passed) else m for m in recorded.leaves]
         out = tree_unflatten(leaves, recorded.spec)
         tracker._exit(block, args, out)
-        self.replays += 1
         self._replayed.add(id(block))
         return out
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .modules import ModuleTracker, StackKey
     from .stream import Op, Place
 
-_MISSING = object()
+MISSING = object()  # an attribute a module does not have
 
 
 class Meta(NamedTuple):
@@ -346,7 +346,7 @@ class State:
 
     def __enter__(self) -> None:
         for module, name, value in self.attributes:
-            now = module.__dict__.get(name, _MISSING)
+            now = module.__dict__.get(name, MISSING)
             if now is not value:
                 self._undo.append((module.__dict__, name, now))
                 module.__dict__[name] = value
@@ -360,7 +360,7 @@ class State:
         for target, name, before in reversed(self._undo):
             if name is None:
                 _put_back(target, before)
-            elif before is _MISSING:
+            elif before is MISSING:
                 del target[name]
             else:
                 target[name] = before
