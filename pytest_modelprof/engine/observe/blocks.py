@@ -145,13 +145,18 @@ class BlockMemo:
             self._ours.clear()
             self.dispatcher.guard = None
 
-    def _guard(self, node: Any) -> None:
-        """A parameter of a replayed call gets a gradient from elsewhere too (its parent uses it): the step
-        would sum the two before it accumulates them, which the replay's own accumulation does not."""
+    def _guard(self, node: Any) -> bool:
+        """Whether the meters should not see an op of the backward pass (a rerun's accumulation into its input
+        copies); raises :class:`CalledAgain` where a parameter of a replayed call gets a gradient from elsewhere
+        too (its parent uses it): the step would sum the two before it accumulates them, which the replay's own
+        accumulation does not."""
+        if node in self.backwards.hidden:
+            return True
         if not self.backwards.rerunning and node._sequence_nr() == ACCUMULATE_GRAD_SEQUENCE_NR and hasattr(node, "variable"):
             kind = self._accumulated.get(id(node.variable))
             if kind is not None:
                 raise CalledAgain(frozenset(id(b) for b in self.blocks if type(b) is kind))
+        return False
 
     def _subtree(self, block: nn.Module) -> tuple[tuple[str, nn.Module], ...]:
         subtree = self._subtrees.get(id(block))

@@ -67,8 +67,8 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # it recomputes a replayed block's forward pass to record its backward pass
         self.watch: Callable[[Op], None] | None = None
         self.muted = False
-        self.hidden: frozenset[Any] | set[Any] = frozenset()  # autograd nodes whose ops the meters do not see
-        self.guard: Callable[[Any], None] | None = None  # told of the node of each op of the backward pass
+        # told of the autograd node of each op of the backward pass; True: the meters do not see the op
+        self.guard: Callable[[Any], bool] | None = None
         self.pack: Any = None  # the run's own saved-tensors pack hook, where it has one
 
     @property
@@ -150,11 +150,8 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self.muted:
             return out
         phase, key, node = self.where()
-        if node is not None and (self.hidden or self.guard is not None):
-            if node in self.hidden:
-                return out
-            if self.guard is not None:
-                self.guard(node)
+        if node is not None and self.guard is not None and self.guard(node):
+            return out
         op = Op(func, name, args, kwargs, out, phase, key, node)
         for handle in self._op_handlers:
             handle(op)

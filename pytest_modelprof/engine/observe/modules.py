@@ -183,6 +183,11 @@ class ModuleTracker:
             return self._param_keys.get(id(node.variable), ROOT)
         return self.key_of_sequence_nr(seq)
 
+    def attribute_node(self, node: Any, key: StackKey) -> None:
+        """Attribute what runs for ``node`` in the backward pass to ``key`` (a node the forward pass did not make
+        under a module of its own: a block memo's replayed call, see :mod:`.blocks`)."""
+        self._node_keys[node._sequence_nr()] = key
+
     def key_of_sequence_nr(self, seq: int) -> StackKey:
         """The module stack that was active when the forward made autograd node number ``seq``."""
         key = self._node_keys.get(seq)

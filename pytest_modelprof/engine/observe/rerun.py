@@ -94,6 +94,7 @@ class Backwards:
         self.fake_mode = fake_mode
         self.recorded: dict[Any, Backward] = {}
         self.rerunning = False  # while a rerun's backward pass runs (its accumulations are the step's)
+        self.hidden: set[Any] = set()  # ... and the accumulations into its input copies, which the meters do not see
 
     def tensor(self, meta: Meta) -> torch.Tensor:
         """An empty fake tensor of the run with ``meta``'s metadata, made beneath every mode (no op is dispatched)."""
@@ -132,7 +133,7 @@ class Backwards:
             if meta is not None:
                 p.grad = self.tensor(meta)
         if recorded.delivery is not None and node is not None:
-            self.tracker._node_keys[node._sequence_nr()] = place("backward", recorded.delivery)[1]
+            self.tracker.attribute_node(node, place("backward", recorded.delivery)[1])
         return [None if m is None else self.tensor(m) for m in recorded.grads]
 
     def _rerun(self, call: Call, grads: tuple[torch.Tensor | None, ...], needs: tuple[bool, ...]) -> tuple[list[Any], Backward | None]:
@@ -161,13 +162,12 @@ class Backwards:
         pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
         made: list[Any] = [None] * len(inputs)
         handles = [t.register_hook(_stash(made, i)) for i, (t, need) in enumerate(zip(inputs, needs)) if need]
-        accumulations = set(edges)
         first = _first_consumer([o.grad_fn for o, _ in pairs], edges[0] if edges else None)
         before = [p.grad is None for p in call.params]
         acted = self.deciders.acted()
         recomputed: list[Op] = []
         dispatcher.watch = lambda op: recomputed.append(op) if op.phase == "recompute" else None
-        dispatcher.hidden = accumulations
+        self.hidden = set(edges)
         dispatcher.start_capture()
         self.rerunning = True
         try:
@@ -176,14 +176,14 @@ class Backwards:
         finally:
             self.rerunning = False
             dispatcher.watch = None
-            dispatcher.hidden = frozenset()
+            self.hidden = set()
             recording = dispatcher.end_capture()[1]
             for handle in handles:
                 handle.remove()
             first.remove()
         delivery = tracker.key_of_node(first.node) if first.node is not None else None
         if delivery is not None and node is not None:  # the engine sums what it passes on with what it holds
-            tracker._node_keys[node._sequence_nr()] = delivery
+            tracker.attribute_node(node, delivery)
         tensors = [t for t in made if t is not None]
         storages = {storage_of(g) for g in grads if g is not None}
         # activation checkpointing within the block: where its recomputed ops count depends on the recomputes
