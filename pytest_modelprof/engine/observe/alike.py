@@ -3,9 +3,9 @@ replays one call for another, and what it watches while it records one.
 
 - :func:`repeated_blocks`: the modules worth a memo, those whose type and structure repeat;
 - :func:`leaf_signature`: an argument's part of a call's signature (a tensor's metadata, another value);
-- :class:`Reads`: the attributes a call reads (by swapping its modules' classes for logging subclasses
-  while it runs), and whether it sets one or changes a container it read; :func:`same_value` compares
-  a value read then with one now;
+- :class:`Reads`: the attributes a call reads (its modules' classes' attribute access wrapped while it
+  runs), and whether it sets one or changes a container it read; :func:`same_value` compares a value
+  read then with one now;
 - :class:`Writes`: whether an op of the call writes into a tensor it did not make;
 - :func:`closed_graph`: whether the autograd graph of its outputs reaches no tensor but its arguments
   and parameters.
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
+from torch._prims_common import compute_required_storage_length
 from torch.utils._pytree import tree_flatten
 
 from .memo import _NotReplayable, _tensor_signature
@@ -299,6 +300,4 @@ def storage_of(t: torch.Tensor) -> int:
 
 def extent(t: torch.Tensor) -> int:
     """The bytes of the smallest storage that holds ``t``."""
-    if t.numel() == 0:
-        return 0
-    return (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+    return compute_required_storage_length(t.shape, t.stride(), 0) * t.element_size()

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .alike import storage_of
+
 if TYPE_CHECKING:
-    from ..observe.stream import Place
+    from .stream import Place
 
 MemoryMeter = Any  # (memory.py imports this module: the meter is not named here)
 
@@ -39,9 +41,7 @@ class Capture:
         self.samples.append((phase, key, tuple(t - b for t, b in zip(totals, self.base))))
 
     def row(self, where: tuple[Any, Any, str], nbytes: int) -> None:
-        row = self.rows.setdefault(where, [0, 0])
-        row[0] += 1
-        row[1] += nbytes
+        _add(self.rows, where, 1, nbytes)
 
     def done(self, meter: MemoryMeter) -> Recording | None:
         """The recording, or None where the call's memory is not its own."""
@@ -60,7 +60,7 @@ class Recording:
 
     def closes(self, outputs: list[torch.Tensor]) -> bool:
         """Whether what the call left is its outputs' storages, one each; if so, kept in their order."""
-        addresses = [t.untyped_storage()._cdata for t in outputs]
+        addresses = [storage_of(t) for t in outputs]
         if set(addresses) != set(self.left) or len(set(addresses)) != len(addresses):
             return False
         self.outputs = [(address, self.left[address]) for address in addresses]
@@ -73,10 +73,7 @@ def replay(meter: MemoryMeter, recording: Recording, place: Place) -> None:
         meter.totals[:] = [b + d for b, d in zip(base, delta)]
         meter.sample(*place(phase, key))
     for (phase, key, name), (calls, nbytes) in recording.rows.items():
-        where = (*place(phase, key), name)
-        row = meter.op_bytes.setdefault(where, [0, 0])
-        row[0] += calls
-        row[1] += nbytes
+        _add(meter.op_bytes, (*place(phase, key), name), calls, nbytes)
     meter.allocated += recording.allocated
     meter.totals[:] = [b + d for b, d in zip(base, recording.final)]
 
@@ -87,3 +84,10 @@ def follow(meter: MemoryMeter, recording: Recording, outputs: list[torch.Tensor]
         storage = tensor.untyped_storage()
         meter.live[storage._cdata] = [size, category]
         meter._finalizers.append(weakref.finalize(storage, meter._free, storage._cdata))
+
+
+def _add(rows: dict[Any, list[int]], where: Any, calls: int, nbytes: int) -> None:
+    """An op row's [calls, bytes allocated], added to (the meter's ``op_bytes`` rows, or a recording's)."""
+    row = rows.setdefault(where, [0, 0])
+    row[0] += calls
+    row[1] += nbytes
