@@ -9,7 +9,7 @@ records hold, weighted by that time; then the host's time per op to the step tim
 Each workload is also predicted by a calibration fitted without it (leave one out: both
 stages, its kernels and its step left out). Printed: the step table (measured, predicted
 with the shipped calibration, with the fit on all, leaving it out), the per-operator
-errors, and the fitted calibration to ship in ``engine/targets/gpus.py``.
+errors, and the fitted calibration to ship in ``engine/targets/catalog.py``.
 
     python benchmarks/predicted_vs_h100.py [--no-leave-one-out]
 """

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
         register_flop_formula,
         unregister_flop_formula,
     )
-    from .engine.targets.gpus import GPUS, GPUSpec
+    from .engine.targets.catalog import GPUS
+    from .engine.targets.gpus import GPUSpec
 
 __all__ = [
     "GPUS",

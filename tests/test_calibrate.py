@@ -22,7 +22,8 @@ from pytest_modelprof.engine.calibrate import (
     probe_loss,
 )
 from pytest_modelprof.engine.targets.cost import StepClock, kernel_seconds
-from pytest_modelprof.engine.targets.gpus import Calibration, gpu_spec, load_calibration, save_calibration
+from pytest_modelprof.engine.targets.catalog import gpu_spec, load_calibration, save_calibration
+from pytest_modelprof.engine.targets.gpus import Calibration
 
 H100 = GPUS["h100"]
 

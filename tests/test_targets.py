@@ -15,7 +15,7 @@ from pytest_modelprof import GPUS, GPUSpec, ProfileError, profile
 from pytest_modelprof.engine.analytic.cuda import attention as kernels
 from pytest_modelprof.engine.analytic.cuda.attention import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
 from pytest_modelprof.engine.targets import cudnn
-from pytest_modelprof.engine.targets.gpus import gpu_spec
+from pytest_modelprof.engine.targets.catalog import gpu_spec
 
 MiB = 1 << 20
 

@@ -10,7 +10,7 @@ import torch
 
 from ..engine.calibrate import PROBES, errors
 from ..engine.calibrate import calibrate as fit_to_measurements
-from ..engine.targets.gpus import GPUS, gpu_spec, save_calibration
+from ..engine.targets.catalog import GPUS, gpu_spec, save_calibration
 from .usage import CliError, check_output, common_options
 
 

@@ -12,7 +12,7 @@ import torch
 
 from ..budgets import REGRESSED, BudgetError, check, load_budgets
 from ..engine import ProfileError, Timing, profile
-from ..engine.targets.gpus import GPUS, gpu_spec
+from ..engine.targets.catalog import GPUS, gpu_spec
 from ..options import DEVICES, OptionError, check_device
 from .loading import build_model, load_factory, make_inputs, model_on_meta, parse_keywords, parse_shapes, with_memory_hint, with_shape_hint
 from .output import print_reports, progress, write_outputs

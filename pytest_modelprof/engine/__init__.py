@@ -6,7 +6,8 @@ from .formulas import OpCost, register_flop_formula, unregister_flop_formula
 from .meters import Meter, Op
 from .monitor import IterationMemory, MemoryGrowthWarning, MemoryMonitor
 from .run import profile, profile_ranks
-from .targets.gpus import GPUS, GPUSpec
+from .targets.catalog import GPUS
+from .targets.gpus import GPUSpec
 from .timing.latency import LatencyWarning, Timing, calibration_workload, machine_name
 
 __all__ = [

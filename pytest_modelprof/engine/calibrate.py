@@ -16,7 +16,7 @@ a kernel, and without: a view) to the step times.
 
 ``modelprof calibrate --target NAME -o FILE`` measures :data:`PROBES` (steps of small
 models that run every kind of kernel) on the GPU at hand, fits, and writes a calibration
-file (:func:`~.targets.gpus.save_calibration`) that ``target=FILE`` loads on any machine after.
+file (:func:`~.targets.catalog.save_calibration`) that ``target=FILE`` loads on any machine after.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from .observe.dispatch import Dispatcher
 from .observe.memo import LeafMemo
 from .observe.modules import ModuleTracker
 from .targets.cost import collective_seconds
-from .targets.gpus import GPUSpec, gpu_spec
+from .targets.catalog import gpu_spec
+from .targets.gpus import GPUSpec
 from .timing.latency import Timing, batch_size_of, measure_latency
 from .timing.layers import layer_times
 from .workload import Run, Sharded, Workload, parse_device

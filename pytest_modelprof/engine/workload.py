@@ -35,7 +35,8 @@ from .analytic.values import unknown_value_hint
 from .distributed import Parallel, wait_for
 from .errors import ProfileError
 from .observe.modules import ModuleTracker
-from .targets.gpus import GPUSpec, gpu_spec
+from .targets.catalog import gpu_spec
+from .targets.gpus import GPUSpec
 
 DEVICE_KINDS = ("cpu", "cuda", "meta")  # what device= accepts ("meta": analytic)
 
