@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu_truth
-from pytest_modelprof.engine.calibrate import training_step
+from pytest_modelprof.engine.probes import training_step
 from pytest_modelprof.engine.targets.scratch import kernel_scratch
 
 MiB = 1 << 20

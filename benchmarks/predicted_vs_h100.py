@@ -1,11 +1,13 @@
 """Predicted step times against real H100 steps (pytest_modelprof/data/gpu-truth/h100.json), and the fit behind them.
 
 For each of the shared workloads, on this CPU-only machine: the analytic step on target
-h100, matched to its record (``engine/calibrate.py``: ``observe``). A calibration is
-fitted (``calibrate.fit``, from the round defaults) in two stages: the kernel model (efficiency per kind of kernel, the shape of a
-matrix product at which it reaches half of it, batch norm's bandwidth per channel, the
-shortest kernel) to the measured kernel time of each operator and input shapes the
-records hold, weighted by that time; then the host's time per op to the step times.
+h100, matched to its record (``engine/calibrate.py``: ``observe``). The shipped calibration, one
+for every GPU, is fitted (``calibrate.fit``, from the round defaults) in two stages: the kernel
+model (efficiency per kind of kernel, the tile and reduction constants of a matrix product, batch
+norm's bandwidth per channel, a kernel's fixed time) to the measured kernel time of each operator
+and input shapes the records hold, weighted by that time, together with NeuSight's kernels timed one
+at a time on five other GPUs (pytest_modelprof/data/kernel-data, ``benchmarks/neusight.py``); then
+the host's time per op to the step times.
 Each workload is also predicted by a calibration fitted without it (leave one out: both
 stages, its kernels and its step left out). Printed: the step table (measured, predicted
 with the shipped calibration, with the fit on all, leaving it out), the per-operator
@@ -24,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks import gpu_truth  # noqa: E402
+from benchmarks import gpu_truth, neusight  # noqa: E402
 from pytest_modelprof import GPUS  # noqa: E402
 from pytest_modelprof.engine.calibrate import Observed, errors, fit, kernel_time, observe  # noqa: E402
 from pytest_modelprof.engine.targets.gpus import Calibration  # noqa: E402
@@ -38,6 +40,11 @@ def workloads() -> list[Observed]:
         model, inputs, keywords = gpu_truth.workload(name)
         out.append(observe(H100, model, inputs, record, **keywords))
     return out
+
+
+def kernels(per_file: int = 60) -> list[tuple]:
+    """NeuSight's kernels timed on five GPUs (``per_file`` of each op and GPU), as the fit takes them."""
+    return [(m.gpu, m.work, m.kind, m.seconds) for m in neusight.measurements(per_file, seed=1)]
 
 
 # ------------------------------------------------------------------ report
@@ -55,32 +62,33 @@ def main() -> None:
     parser.add_argument("--no-leave-one-out", action="store_true")
     options = parser.parse_args()
     data = workloads()
+    timed = kernels()
     shipped = H100.calibration
-    source = f"fitted on {len(data)} H100 steps (the project's gpu-truth records, torch 2.11)"
-    full = fit(H100, data, source=source)  # from the round defaults, as each leave-one-out fit starts
+    source = f"fitted on {len(data)} H100 steps (the project's gpu-truth records, torch 2.11) and {len(timed)} kernels timed on five GPUs"
+    full = fit(H100, data, source=source, timed=timed)  # from the round defaults, as each leave-one-out fit starts
     print(f"{'workload':48s} {'measured':>9s} {'shipped':>9s} {'err':>7s} {'fit':>9s} {'err':>7s} {'left out':>9s} {'err':>7s}  (ms)")
     table: dict[str, list[float]] = {"shipped": errors(H100, data, shipped), "fit": errors(H100, data, full)}
     if not options.no_leave_one_out:
-        table["left out"] = [errors(H100, [w], fit(H100, [d for d in data if d is not w]))[0] for w in data]
+        table["left out"] = [errors(H100, [w], fit(H100, [d for d in data if d is not w], timed=timed))[0] for w in data]
     for i, workload in enumerate(data):
         truth = workload.step_seconds
         cells = "".join(f" {(1 + e[i]) * truth * 1e3:9.3f} {e[i]:+7.1%}" for e in table.values())
         print(f"{workload.name:48s} {truth * 1e3:9.3f}{cells}")
     for column, values in table.items():
         print(f"{column:>9s}: median |error| {statistics.median(abs(e) for e in values):.1%}, max {max(abs(e) for e in values):.1%}")
-    print("\nthe 20 most expensive operators (name and shapes) of each step, predicted vs measured kernel time (shipped calibration):")
+    print("\nthe 20 most expensive operators (name and shapes) of each step, predicted vs measured kernel time (the fit on all):")
     everything = []
     for workload in data:
-        here = per_operator_errors(workload, shipped)
+        here = per_operator_errors(workload, full)
         everything.extend(here)
         print(f"  {workload.name:48s} {len(here):2d} matched, median |error| {statistics.median(abs(e) for e in here):.0%}")
     print(f"  all: median |error| {statistics.median(abs(e) for e in everything):.0%} over {len(everything)} operators")
-    print("\nkernel time by kind, measured / predicted (shipped calibration; matched operators):")
+    print("\nkernel time by kind, measured / predicted (the fit on all; matched operators):")
     for workload in data:
         kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for works, seconds in workload.matched.values():
             kinds[works[0].kind][0] += seconds
-            kinds[works[0].kind][1] += kernel_time(H100, works, shipped)
+            kinds[works[0].kind][1] += kernel_time(H100, works, full)
         print(f"  {workload.name:48s} " + "  ".join(f"{k} {m * 1e3:.2f}/{p * 1e3:.2f}" for k, (m, p) in kinds.items()))
     print(f"\nfitted on all:\n{full}")
 

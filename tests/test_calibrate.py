@@ -10,19 +10,10 @@ from torch import nn
 
 from pytest_modelprof import GPUS, profile
 from pytest_modelprof.cli import main
-from pytest_modelprof.engine.calibrate import (
-    Probe,
-    calibrate,
-    errors,
-    kernel_time,
-    key,
-    least_squares,
-    measure_probe,
-    observe,
-    probe_loss,
-)
-from pytest_modelprof.engine.targets.cost import StepClock, kernel_seconds
+from pytest_modelprof.engine.calibrate import errors, kernel_time, key, least_squares, observe
+from pytest_modelprof.engine.probes import Probe, calibrate, measure_probe, probe_loss
 from pytest_modelprof.engine.targets.catalog import gpu_spec, load_calibration, save_calibration
+from pytest_modelprof.engine.targets.cost import StepClock, kernel_seconds
 from pytest_modelprof.engine.targets.gpus import Calibration
 
 H100 = GPUS["h100"]

@@ -12,12 +12,14 @@ from pytest_modelprof import GPUS, GPUSpec, profile
 from pytest_modelprof.engine.formulas import FormulaTable
 from pytest_modelprof.engine.meters import Op
 from pytest_modelprof.engine.meters.predicted import op_features
-from pytest_modelprof.engine.targets.cost import Gemm, Work, gemms_of, kernel_seconds, kind_of, norm_work
-from pytest_modelprof.engine.targets.gpus import Calibration
+from pytest_modelprof.engine.targets.cost import StepClock, Work, kernel_seconds, kind_of, norm_work
+from pytest_modelprof.engine.targets.gpus import HOST_RATIO, Calibration
+from pytest_modelprof.engine.targets.products import Gemm, gemms_of
 
-FLAT = Calibration(
+FLAT = Calibration(  # no cost to a short reduction or a small tile: only the waves of tiles over the SMs
     efficiency={"matmul": 0.5, "conv": 0.5, "conv_narrow": 0.5, "attention": 0.5, "rnn": 0.5, "norm": 0.5, "memory": 0.8},
     gemm_half={},
+    tile_cost={},
     kernel_seconds=2e-6,
     host_seconds=10e-6,
     view_seconds=1e-6,
@@ -35,24 +37,48 @@ def test_one_compute_bound_matrix_product_by_hand():
     a, b = (torch.empty(n, n, dtype=torch.bfloat16, device="meta") for _ in range(2))
     predicted = profile(MatMul(), (a, b), target=GPU).predicted
     flops = 2 * n**3
-    kernel = flops / (1e15 * 0.5)  # bf16 tensor cores at half their peak: 1.1 ms, far above its 402 MB at 1.6 TB/s
+    # bf16 tensor cores at half their peak: 1.1 ms, far above its 402 MB at 1.6 TB/s. Its 4096 tiles of
+    # 128 x 128 (or 8192 of 128 x 64, ...) run in 41 waves over the 100 SMs, the last with 96 busy; plus the
+    # kernel's fixed time
+    kernel = flops / (1e15 * 0.5) * 4100 / 4096 + 2e-6
     assert predicted.ops[0].op == "aten.mm" and predicted.ops[0].bound == "compute"
     assert predicted.ops[0].seconds == pytest.approx(kernel)
     assert predicted.ops[0].bytes == 3 * n * n * 2
-    assert predicted.seconds == pytest.approx(10e-6 + kernel)  # issued by the host, then run
+    # issued from Python without autograd recording it (no input needs a gradient), then run
+    assert predicted.seconds == pytest.approx(10e-6 * HOST_RATIO["plain"] + kernel)
     assert not predicted.calibrated
 
 
-def test_a_memory_bound_elementwise_op_and_the_launch_floor_by_hand():
+def test_a_memory_bound_elementwise_op_and_a_kernels_fixed_time_by_hand():
     x = torch.empty(64 * 2**20, device="meta")  # 256 MiB of fp32
     predicted = profile(nn.ReLU(), x, target=GPU).predicted
     relu = predicted.ops[0]
     assert relu.bound == "memory"
-    assert relu.seconds == pytest.approx(2 * 256 * 2**20 / (2e12 * 0.8))  # read and written
+    assert relu.seconds == pytest.approx(2 * 256 * 2**20 / (2e12 * 0.8) + 2e-6)  # read and written, and the fixed time
     tiny = profile(nn.ReLU(), torch.empty(16, device="meta"), target=GPU).predicted
-    assert tiny.ops[0].bound == "launch" and tiny.ops[0].seconds == pytest.approx(2e-6)
+    assert tiny.ops[0].bound == "launch" and tiny.ops[0].seconds == pytest.approx(2e-6 + 2 * 64 / (2e12 * 0.8))
     # a small model is host-bound: each op costs the host its issue time
-    assert tiny.seconds == pytest.approx(10e-6 + 2e-6)
+    assert tiny.seconds == pytest.approx(10e-6 * HOST_RATIO["plain"] + tiny.ops[0].seconds)
+
+
+def test_the_host_issues_the_backward_pass_for_less_and_inference_for_less_than_recorded_ops():
+    """Each op with a kernel costs the host its issue time: Python's with autograd recording in a
+    training forward, less under no_grad, least from autograd's engine (the backward pass)."""
+    model = nn.Linear(16, 16, device="meta")
+    x = torch.empty(4, 16, device="meta")
+
+    def host(**keywords):
+        return profile(model, x, target=GPU, flops=False, memory=False, **keywords).predicted.host_seconds
+
+    assert host() == pytest.approx(10e-6 * HOST_RATIO["plain"] + 1e-6)  # one addmm under no_grad, the weight's view
+    assert HOST_RATIO["engine"] < HOST_RATIO["plain"] < HOST_RATIO["recorded"] == 1.0
+    for issuer in ("recorded", "plain", "engine"):
+        clock = StepClock(GPU)
+        clock.issue(Work("aten.add", "memory", 0, 64, torch.float32, issuer=issuer))
+        assert clock.host == pytest.approx(10e-6 * HOST_RATIO[issuer])
+    # a training step's forward is recorded, its backward issued by the engine
+    ops = profile(model, x, train=True, target=GPU, flops=False, memory=False).predicted.ops
+    assert {(row.op, row.phase) for row in ops} >= {("aten.addmm", "forward"), ("aten.mm", "backward")}
 
 
 def test_kinds_of_kernels():
@@ -89,39 +115,34 @@ def test_the_matrix_products_behind_a_convolution_by_hand():
     q = torch.empty(2, 12, 197, 64, device="meta")
     assert gemms_of("aten._scaled_dot_product_flash_attention", (q, q, q), None) == (Gemm(2 * 12 * 197, 197, 64),)
     a, b = torch.empty(4, 100, 30, device="meta"), torch.empty(4, 30, 20, device="meta")
-    assert gemms_of("aten.bmm", (a, b), None) == (Gemm(400, 20, 30),)
+    assert gemms_of("aten.bmm", (a, b), None) == (Gemm(100, 20, 30, 1.0, 4),)  # four products of 100 x 20
 
 
-def test_a_small_matrix_product_reaches_less_of_the_peak_by_hand():
-    calibration = Calibration(efficiency={"matmul": 0.8, "memory": 1.0}, gemm_half={"m": 100, "n": 200, "k": 50}, kernel_seconds=0.0)
-    m, n, k = 400, 600, 150
-    work = Work("aten.mm", "matmul", 2 * m * n * k, 0, torch.bfloat16, 1, (Gemm(m, n, k),))
+def test_a_product_in_waves_of_tiles_and_a_smaller_tiles_cost_by_hand():
+    """4096 x 4096 over 4096 on 100 SMs, a tile reaching 1 / (1 + 16 (1/rows + 1/columns)) of the peak: in
+    tiles of 256 x 128, 512 tiles in 6 waves (600 slots) at 0.842; of 128 x 128, 1024 in 11 waves (1100)
+    at 0.8; of 128 x 64, 2048 in 21 (2100) at 0.727; of 64 x 64, 4096 in 41 (4100) at 0.667. The library's
+    pick is the fastest: 128 x 128, 0.8 x 1024 / 1100 of the peak; a reduction half the 4096 long costs
+    1 / (1 + 64 / 4096) more."""
+    calibration = Calibration(efficiency={"matmul": 0.8, "memory": 1.0}, gemm_half={"k": 64}, tile_cost={"tensor": 16}, kernel_seconds=0.0)
+    n = 4096
+    work = Work("aten.mm", "matmul", 2 * n**3, 0, torch.bfloat16, 1, (Gemm(n, n, n),))
     seconds, bound = kernel_seconds(GPU, calibration, work)
     assert bound == "compute"
-    assert seconds == pytest.approx(2 * m * n * k / (1e15 * 0.8 * (400 / 500) * (600 / 800) * (150 / 200)))
+    assert seconds == pytest.approx(2 * n**3 / (1e15 * 0.8 * 0.8 * (1024 / 1100) * (n / (n + 64))))
 
 
 def test_a_product_with_a_small_output_and_a_long_reduction_is_split_by_hand():
-    """256 x 256 outputs reduced over 65536 (a convolution's weight gradient over a batch's pixels): 4
-    tiles of 128 x 128 would leave 96 of the GPU's 100 SMs idle, so the reduction is split in 25 (the
-    splits that fill the SMs: 100 x 128 x 128 / (256 x 256), each at least 256 long), each split an
-    SM's product of 256 x 256 over 2621."""
-    calibration = Calibration(efficiency={"matmul": 0.8, "memory": 1.0}, gemm_half={"m": 100, "n": 200, "k": 50}, kernel_seconds=0.0)
-    m, n, k = 256, 256, 65536
+    """256 x 256 outputs reduced over 1024 (a convolution's weight gradient, in small): in 64 x 64 tiles, 16
+    tiles would leave 84 of the GPU's 100 SMs idle, so the reduction is split in 4 (none shorter than 256):
+    64 tiles in one wave, each over 256 (tiles of 128 x 128, split in 4 too, keep 84 idle)."""
+    calibration = Calibration(efficiency={"matmul": 0.8, "attention": 0.8, "memory": 1.0}, gemm_half={}, tile_cost={}, kernel_seconds=0.0)
+    m, n, k = 256, 256, 1024
     work = Work("aten.mm", "matmul", 2 * m * n * k, 0, torch.bfloat16, 1, (Gemm(m, n, k),))
-    splits, length = 25, 65536 // 25
-    shape = (m * splits / (m * splits + 100)) * (n / (n + 200)) * (length / (length + 50))
-    assert kernel_seconds(GPU, calibration, work)[0] == pytest.approx(2 * m * n * k / (1e15 * 0.8 * shape))
-    # a reduction too short to split (under 2 x 256), and attention, which schedules its own: as they are
-    short = work._replace(flops=2 * m * n * 500, gemms=(Gemm(m, n, 500),))
-    assert kernel_seconds(GPU, calibration, short)[0] == pytest.approx(
-        2 * m * n * 500 / (1e15 * 0.8 * (m / (m + 100)) * (n / (n + 200)) * (500 / 550))
-    )
+    assert kernel_seconds(GPU, calibration, work)[0] == pytest.approx(2 * m * n * k / (1e15 * 0.8 * 64 / 100))
+    # attention's kernels schedule their own work: not split, 16 tiles of 64 x 64 on the 100 SMs
     attention = work._replace(name="aten._scaled_dot_product_flash_attention", kind="attention")
-    unsplit = (m / (m + 100)) * (n / (n + 200)) * (k / (k + 50))
-    assert kernel_seconds(GPU, dataclasses.replace(calibration, efficiency={"attention": 0.8, "memory": 1.0}), attention)[
-        0
-    ] == pytest.approx(2 * m * n * k / (1e15 * 0.8 * unsplit))
+    assert kernel_seconds(GPU, calibration, attention)[0] == pytest.approx(2 * m * n * k / (1e15 * 0.8 * 16 / 100))
 
 
 def test_batch_norm_with_few_channels_is_bound_by_its_reductions_by_hand():
@@ -180,7 +201,7 @@ def test_the_prediction_is_the_same_in_another_process():
     there = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout.strip()
     assert there == repr(here.predicted.seconds)  # to the last digit
     assert here.predicted.calibrated and "H100" in here.predicted.calibration
-    assert GPUS["l4"].calibration.calibrated is False
+    assert GPUS["l4"].calibration is GPUS["h100"].calibration  # one set of constants for every GPU
 
 
 def test_no_target_no_prediction():
@@ -196,5 +217,6 @@ def test_each_module_gets_the_predicted_time_of_what_ran_inside_it():
     # the whole step's kernels: the model's, and the loss's outside it
     assert seconds[""] < result.predicted.gpu_seconds
     # two identical layers, but the first needs no gradient for its input: one matrix product less,
-    # 2 * 4096^3 FLOPs on the float32 units (TF32 is off for matrix products) at half their peak
-    assert seconds["2.0"] - seconds["0"] == pytest.approx(2 * 4096**3 / (50e12 * 0.5))
+    # 2 * 4096^3 FLOPs on the float32 units (TF32 is off for matrix products) at half their peak, in 41
+    # waves of 64 x 64 tiles over the 100 SMs (4096 tiles, the last wave 96 busy), and one kernel's fixed time
+    assert seconds["2.0"] - seconds["0"] == pytest.approx(2 * 4096**3 / (50e12 * 0.5) * 4100 / 4096 + 2e-6)

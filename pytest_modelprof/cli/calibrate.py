@@ -8,8 +8,9 @@ from typing import Any, TextIO
 
 import torch
 
-from ..engine.calibrate import PROBES, errors
-from ..engine.calibrate import calibrate as fit_to_measurements
+from ..engine.calibrate import errors
+from ..engine.probes import PROBES
+from ..engine.probes import calibrate as fit_to_measurements
 from ..engine.targets.catalog import GPUS, gpu_spec, save_calibration
 from .usage import CliError, check_output, common_options
 

@@ -14,7 +14,7 @@ of half efficiency, batch norm's bandwidth per channel, the shortest kernel) to 
 matched operators' kernel times, weighted by their time; then the host's time per op (with
 a kernel, and without: a view) to the step times.
 
-``modelprof calibrate --target NAME -o FILE`` measures :data:`PROBES` (steps of small
+``modelprof calibrate --target NAME -o FILE`` measures :data:`.probes.PROBES` (steps of small
 models that run every kind of kernel) on the GPU at hand, fits, and writes a calibration
 file (:func:`~.targets.catalog.save_calibration`) that ``target=FILE`` loads on any machine after.
 """
@@ -22,14 +22,12 @@ file (:func:`~.targets.catalog.save_calibration`) that ``target=FILE`` loads on 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
-import statistics
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -37,8 +35,8 @@ from torch import nn
 from .formulas import FormulaTable
 from .meters import Meter, Op
 from .meters.predicted import op_features
-from .targets.cost import KINDS, StepClock, Work, kernel_seconds
-from .targets.gpus import Calibration, GPUSpec
+from .targets.cost import COMPUTE_KINDS, MATH_OF, StepClock, Work, kernel_seconds, math_unit
+from .targets.gpus import Calibration, GPUSpec, clock_fraction
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
 
@@ -117,22 +115,44 @@ def kernel_time(gpu: GPUSpec, works: Sequence[Work], calibration: Calibration) -
 # ------------------------------------------------------------------ the fit
 
 Parameter = tuple[str, "str | None"]
-KERNEL_PARAMETERS: tuple[Parameter, ...] = (
-    *(("efficiency", kind) for kind in (*KINDS, "cuda_cores")),
-    *(("gemm_half", dim) for dim in "mnk"),
-    ("reduction_bandwidth", "norm"),
-    ("reduction_bandwidth", "norm_backward"),
-    ("kernel_seconds", None),
-)
 HOST_PARAMETERS: tuple[Parameter, ...] = (("host_seconds", None), ("view_seconds", None))
 BOUNDS = {
     "efficiency": (0.01, 1.0),
     "gemm_half": (1.0, 1e5),
+    "tile_cost": (0.01, 500.0),
     "reduction_bandwidth": (1e9, 1e12),
     "kernel_seconds": (1e-6, 2e-5),
     "host_seconds": (1e-6, 1e-4),
     "view_seconds": (1e-7, 5e-5),
 }
+# a convolution on CUDA cores may multiply less than its FLOPs count (Winograd's, FFT's kernels)
+ABOVE_PEAK = {("efficiency", "conv_simt"): 2.5, ("efficiency", "conv_backward_simt"): 2.5}
+
+
+def _bounds(parameter: Parameter) -> tuple[float, float]:
+    low, high = BOUNDS[parameter[0]]
+    return low, ABOVE_PEAK.get(parameter, high)
+
+
+def kernel_parameters(works: Iterable[tuple[GPUSpec, Work]]) -> list[Parameter]:
+    """The kernel model's constants that the time of these ops (each on its GPU) depends on."""
+    efficiencies = {"cuda_cores"}
+    parameters: set[Parameter] = {("kernel_seconds", None)}
+    for gpu, work in works:
+        kind = work.kind
+        if kind in COMPUTE_KINDS:
+            tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)[1]
+            efficiencies.add(kind if tensor_cores else f"{kind}_simt")
+            if work.gemms:
+                parameters.update({("gemm_half", "k" if tensor_cores else "k_simt"), ("tile_cost", "tensor" if tensor_cores else "simt")})
+        elif kind != "none":
+            efficiencies.add(kind)
+            if kind in ("norm", "norm_backward"):
+                parameters.add(("reduction_bandwidth", kind))
+    parameters.update(("efficiency", name) for name in efficiencies)
+    return sorted(parameters, key=lambda p: (p[0], p[1] or ""))
+
+
 _START = {"reduction_bandwidth": 20e9}  # where a parameter the calibration lacks starts
 
 
@@ -147,7 +167,7 @@ def _get(calibration: Calibration, parameter: Parameter) -> float:
 def _put(calibration: Calibration, values: Mapping[Parameter, float]) -> Calibration:
     changes: dict[str, Any] = {}
     for (field, name), value in values.items():
-        low, high = BOUNDS[field]
+        low, high = _bounds((field, name))
         value = min(max(value, low), high)
         if name is None:
             changes[field] = value
@@ -205,8 +225,8 @@ def least_squares(
 def _fit_stage(calibration: Calibration, parameters: Sequence[Parameter], residuals: Callable[[Calibration], list[float]]) -> Calibration:
     """The ``parameters`` of ``calibration`` that minimise the squared ``residuals``, fitted in log space."""
     start = [math.log(_get(calibration, p)) for p in parameters]
-    low = [math.log(BOUNDS[p[0]][0]) for p in parameters]
-    high = [math.log(BOUNDS[p[0]][1]) for p in parameters]
+    low = [math.log(_bounds(p)[0]) for p in parameters]
+    high = [math.log(_bounds(p)[1]) for p in parameters]
 
     def at(x: list[float]) -> Calibration:
         return _put(calibration, {p: math.exp(v) for p, v in zip(parameters, x)})
@@ -219,26 +239,78 @@ def _slow_start(kinds: AbstractSet[str]) -> Calibration:
     and the shortest kernel at its least, so that each kernel starts above the shortest-kernel floor,
     where its time still depends on the figures (a kind it does not see keeps its default)."""
     defaults = Calibration()
-    efficiency = {kind: value / 2 if kind in kinds else value for kind, value in defaults.efficiency.items()}
+    efficiency = {kind: value / 2 if kind.removesuffix("_simt") in kinds else value for kind, value in defaults.efficiency.items()}
     return dataclasses.replace(defaults, efficiency=efficiency, kernel_seconds=BOUNDS["kernel_seconds"][0])
 
 
-def fit(gpu: GPUSpec, observed: Sequence[Observed], start: Calibration | None = None, source: str | None = None) -> Calibration:
-    """The calibration of ``gpu`` that best predicts ``observed`` (see the module's notes), starting
-    from ``start`` (by default, figures that make every kernel slow)."""
-    matched = [(works, seconds) for o in observed for works, seconds in o.matched.values() if seconds > 0]
+Timed = tuple[GPUSpec, Work, str, float]  # a kernel timed on its own: the GPU, the op's work, its class, the seconds
+
+
+class KernelFit(NamedTuple):
+    """A kernel model fitted to kernels timed one at a time (:func:`fit_kernels`): the calibration, and per
+    class of op the fixed cost the timing adds to each of its kernels (the timer's own, the launch)."""
+
+    calibration: Calibration
+    overhead: Mapping[str, float]
+
+    def seconds(self, gpu: GPUSpec, work: Work, kind: str) -> float:
+        """The timed seconds of ``work`` (of class ``kind``) on ``gpu``, timed over and over: the GPU idle
+        for the overhead between kernels, which a power-capped GPU clocks up for."""
+        overhead = self.overhead.get(kind, 0.0)
+        kernel = kernel_seconds(gpu, self.calibration, work)[0]
+        if overhead and clock_fraction(gpu) < 1:
+            kernel = kernel_seconds(gpu, self.calibration, work, duty=kernel / (kernel + overhead))[0]
+        return kernel + overhead
+
+
+OVERHEAD_BOUNDS = (1e-7, 2e-4)
+
+
+def _fit_kernel_model(calibration: Calibration, steps: Sequence[tuple[GPUSpec, list[Work], float]], timed: Sequence[Timed]) -> KernelFit:
+    """The kernel model's constants that best predict the kernels of measured steps (each operator's works
+    on its GPU and measured seconds, weighted by its time) and kernels timed on their own (every one alike,
+    with a fixed cost per class fitted beside), each set weighing as much as the other: least squares of
+    the log ratio, in log space."""
+    used = kernel_parameters([*((gpu, w) for gpu, works, _ in steps for w in works), *((gpu, work) for gpu, work, _, _ in timed)])
+    classes = sorted({kind for _, _, kind, _ in timed})
+    low = [math.log(_bounds(p)[0]) for p in used] + [math.log(OVERHEAD_BOUNDS[0])] * len(classes)
+    high = [math.log(_bounds(p)[1]) for p in used] + [math.log(OVERHEAD_BOUNDS[1])] * len(classes)
+    start = [math.log(_get(calibration, p)) for p in used] + [math.log(1e-5)] * len(classes)
+    step_weight = 1 / math.sqrt(sum(seconds for _, _, seconds in steps) or 1.0)
+    timed_weight = 1 / math.sqrt(len(timed) or 1)
+
+    def at(x: list[float]) -> KernelFit:
+        values = [math.exp(v) for v in x]
+        return KernelFit(_put(calibration, dict(zip(used, values))), dict(zip(classes, values[len(used) :])))
+
+    def residuals(x: list[float]) -> list[float]:
+        model = at(x)
+        out = [
+            step_weight * math.sqrt(seconds) * math.log(kernel_time(gpu, works, model.calibration) / seconds)
+            for gpu, works, seconds in steps
+        ]
+        out += [timed_weight * math.log(model.seconds(gpu, work, kind) / seconds) for gpu, work, kind, seconds in timed]
+        return out
+
+    return at(least_squares(residuals, start, low, high))
+
+
+def fit(
+    gpu: GPUSpec,
+    observed: Sequence[Observed],
+    start: Calibration | None = None,
+    source: str | None = None,
+    timed: Sequence[Timed] = (),
+) -> Calibration:
+    """The calibration that best predicts ``observed`` steps on ``gpu`` (see the module's notes), and with
+    them ``timed`` kernels (timed on their own, on any GPU: :func:`fit_kernels`), starting from ``start``
+    (by default, figures that make every kernel slow)."""
+    matched = [(gpu, works, seconds) for o in observed for works, seconds in o.matched.values() if seconds > 0]
+    timed = _usable(timed)
     if not matched:
         raise ValueError("no measured operator matches an op of the analytic runs: nothing to fit the kernel model to")
-    kinds = {w.kind for works, _ in matched for w in works}
-    calibration = start or _slow_start(kinds)
-    used = [p for p in KERNEL_PARAMETERS if p[0] != "efficiency" or p[1] in kinds or p[1] == "cuda_cores"]
-    if not kinds & {"norm", "norm_backward"}:
-        used = [p for p in used if p[0] != "reduction_bandwidth"]
-
-    def kernels(candidate: Calibration) -> list[float]:
-        return [math.sqrt(seconds) * math.log(kernel_time(gpu, works, candidate) / seconds) for works, seconds in matched]
-
-    calibration = _fit_stage(calibration, used, kernels)
+    kinds = {w.kind for _, works, _ in matched for w in works} | {work.kind for _, work, _, _ in timed}
+    calibration = _fit_kernel_model(start or _slow_start(kinds), matched, timed).calibration
 
     def steps(candidate: Calibration) -> list[float]:
         return [math.log(step_seconds(gpu, o, candidate) / o.step_seconds) for o in observed]
@@ -249,188 +321,26 @@ def fit(gpu: GPUSpec, observed: Sequence[Observed], start: Calibration | None = 
     return dataclasses.replace(calibration, calibrated=True, source=source)
 
 
+def _usable(timed: Sequence[Timed]) -> list[Timed]:
+    return [t for t in timed if t[3] > 0 and t[1].on_device and t[1].kind != "none"]
+
+
+def fit_kernels(timed: Sequence[Timed], steps: Sequence[tuple[GPUSpec, Observed]] = (), start: Calibration | None = None) -> KernelFit:
+    """The kernel model's constants (one set for every GPU: each GPU is its spec-table figures) that best
+    predict ``timed``: each an op's work on a GPU, its class, and its seconds timed on its own, which include
+    a fixed cost per class (fitted too); the least squares of the log ratio, every kernel alike. With
+    ``steps`` (steps measured on a GPU), their kernels too, as :func:`fit` weighs them."""
+    timed = _usable(timed)
+    matched = [(gpu, works, seconds) for gpu, o in steps for works, seconds in o.matched.values() if seconds > 0]
+    if not timed and not matched:
+        raise ValueError("no timed kernel to fit the kernel model to")
+    kinds = {work.kind for _, work, _, _ in timed} | {w.kind for _, works, _ in matched for w in works}
+    fitted = _fit_kernel_model(start or _slow_start(kinds), matched, timed)
+    gpus = sorted({gpu.name for gpu, _, _, _ in timed} | {gpu.name for gpu, _ in steps})
+    source = f"fitted on {len(timed)} kernels timed on their own and {len(steps)} steps, on {', '.join(gpus)}"
+    return fitted._replace(calibration=dataclasses.replace(fitted.calibration, calibrated=True, source=source))
+
+
 def errors(gpu: GPUSpec, observed: Sequence[Observed], calibration: Calibration) -> list[float]:
     """Each observed step's relative error under ``calibration``."""
     return [step_seconds(gpu, o, calibration) / o.step_seconds - 1 for o in observed]
-
-
-# ------------------------------------------------------------------ measuring on a GPU
-
-
-@dataclasses.dataclass(frozen=True)
-class Probe:
-    """A step ``calibrate`` measures: ``build(device)`` gives the model (on ``device``), its inputs and
-    :func:`~pytest_modelprof.profile`'s keywords for it (``train``, ``optimizer``, ``autocast``)."""
-
-    name: str
-    build: Callable[[torch.device], tuple[nn.Module, Any, dict[str, Any]]]
-
-
-def _vision(name: str, batch: int, size: int, train: bool, optimizer: str | None, frames: int = 0) -> Probe:
-    def build(device: torch.device) -> tuple[nn.Module, Any, dict[str, Any]]:
-        import torchvision
-
-        family = torchvision.models.video if frames else torchvision.models
-        with device:
-            model = getattr(family, name)(num_classes=400 if frames else 1000)
-            shape = (batch, 3, frames, size, size) if frames else (batch, 3, size, size)
-            x = torch.randn(shape)
-        return model, x, _keywords(model, train, optimizer)
-
-    suffix = f"b{batch}-{'train' if train else 'eval'}-fp32"
-    return Probe(f"{name}-{suffix}", build)
-
-
-def _keywords(model: nn.Module, train: bool, optimizer: str | None, autocast: torch.dtype | None = None) -> dict[str, Any]:
-    make: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
-        "sgdm": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
-        "adamw": torch.optim.AdamW,
-        "adam": torch.optim.Adam,
-    }
-    return {"train": train, "optimizer": make[optimizer](model.parameters()) if optimizer else None, "autocast": autocast}
-
-
-def _vit(device: torch.device) -> tuple[nn.Module, Any, dict[str, Any]]:
-    import torchvision
-
-    with device:
-        model = torchvision.models.vit_b_16().to(torch.bfloat16)
-        x = torch.randn(16, 3, 224, 224, dtype=torch.bfloat16)
-    return model, x, _keywords(model, False, None)
-
-
-def _encoder(device: torch.device) -> tuple[nn.Module, Any, dict[str, Any]]:
-    with device:
-        layer = nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.1, batch_first=True, norm_first=True)
-        model = nn.Sequential(nn.TransformerEncoder(layer, 6, enable_nested_tensor=False), nn.Linear(512, 1000))
-        x = torch.randn(8, 512, 512)
-    return model, x, _keywords(model, True, "adamw", torch.bfloat16)
-
-
-def _mlp(device: torch.device, width: int, batch: int, dtype: torch.dtype) -> tuple[nn.Module, Any, dict[str, Any]]:
-    with device:
-        layers: list[nn.Module] = []
-        for _ in range(6):
-            layers += [nn.Linear(width, width), nn.GELU()]
-        model = nn.Sequential(*layers).to(dtype)
-        x = torch.randn(batch, width, dtype=dtype)
-    return model, x, _keywords(model, True, "adamw")
-
-
-class _Recurrent(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(512, 1024, num_layers=2, batch_first=True)
-        self.head = nn.Linear(1024, 512)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(self.lstm(x)[0])
-        return out
-
-
-def _lstm(device: torch.device) -> tuple[nn.Module, Any, dict[str, Any]]:
-    with device:
-        model = _Recurrent()
-        x = torch.randn(32, 128, 512)
-    return model, x, _keywords(model, True, "adam")
-
-
-PROBES: tuple[Probe, ...] = (
-    _vision("resnet18", 32, 224, True, "sgdm"),
-    _vision("resnet50", 32, 224, False, None),
-    _vision("mobilenet_v3_large", 32, 224, True, "adamw"),
-    _vision("r3d_18", 4, 112, False, None, frames=16),
-    Probe("vit_b_16-b16-eval-bf16", _vit),
-    Probe("encoder6x512-s512-b8-train-autocast_bf16-adamw", _encoder),
-    Probe("mlp6x4096-b4096-train-bf16-adamw", lambda d: _mlp(d, 4096, 4096, torch.bfloat16)),
-    Probe("mlp6x256-b32-train-fp32-adamw", lambda d: _mlp(d, 256, 32, torch.float32)),  # small kernels: the host's time
-    Probe("lstm2x1024-s128-b32-train-fp32-adam", _lstm),
-)
-
-
-def probe_loss(output: Any) -> torch.Tensor:
-    """The loss of the probes' training steps, measured and analysed: the mean square of the output."""
-    first = output if isinstance(output, torch.Tensor) else next(t for t in output if isinstance(t, torch.Tensor))
-    loss: torch.Tensor = first.float().pow(2).mean()
-    return loss
-
-
-def training_step(
-    model: nn.Module,
-    inputs: Any,
-    train: bool,
-    optimizer: torch.optim.Optimizer | None,
-    autocast: torch.dtype | None,
-    loss_fn: Callable[[Any], torch.Tensor],
-    device_type: str,
-) -> Callable[[], None]:
-    """One step as a training script runs it on a GPU (forward under ``autocast``, loss, backward,
-    optimizer step, ``zero_grad(set_to_none=True)``), or a forward pass under ``no_grad`` when not
-    ``train``: what the measured records time and profile."""
-    model.train(train)
-
-    def step() -> None:
-        if train:
-            with torch.autocast(device_type, dtype=autocast or torch.float32, enabled=autocast is not None):
-                loss = loss_fn(model(inputs))
-            loss.backward()  # type: ignore[no-untyped-call]
-            if optimizer is not None:
-                optimizer.step()
-            model.zero_grad(set_to_none=True)
-        else:
-            with torch.no_grad():
-                model(inputs)
-
-    return step
-
-
-def measure_probe(probe: Probe, device: torch.device, steps: int = 20) -> dict[str, Any]:
-    """Run ``probe`` on the GPU ``device``: its record (see the module's notes)."""
-    from torch.profiler import ProfilerActivity
-
-    from .timing.layers import one_cycle_profile
-
-    torch.manual_seed(0)
-    model, inputs, keywords = probe.build(device)
-    step = training_step(model, inputs, keywords["train"], keywords["optimizer"], keywords["autocast"], probe_loss, device.type)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize(device)
-    times = []
-    for _ in range(steps):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))  # type: ignore[no-untyped-call]
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    with one_cycle_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as recorded:
-        step()
-        torch.cuda.synchronize(device)
-    ops = []
-    for event in recorded.key_averages(group_by_input_shape=True):
-        seconds = getattr(event, "self_device_time_total", 0.0)
-        if event.key.startswith("aten::") and seconds > 0:
-            ops.append({"op": event.key, "shapes": json.dumps(event.input_shapes), "count": event.count, "self_device_us": seconds})
-    return {"name": probe.name, "step_ms_median": statistics.median(times), "step_ms_all": times, "ops": ops}
-
-
-def calibrate(
-    gpu: GPUSpec,
-    probes: Sequence[Probe] = PROBES,
-    measure: Callable[[Probe], Mapping[str, Any]] | None = None,
-    device: torch.device | str = "cuda",
-) -> tuple[Calibration, list[Observed]]:
-    """Measure ``probes`` (with ``measure``: :func:`measure_probe` on ``device`` unless given), run each
-    analytically on ``gpu``, and fit; the calibration and what it was fitted to."""
-    where = torch.device(device)
-    if measure is None:
-        if where.type != "cuda" or not torch.cuda.is_available():
-            raise RuntimeError("calibrating measures kernels on the GPU to calibrate: no CUDA device is available here")
-        measure = functools.partial(measure_probe, device=where)
-    observed = []
-    for probe in probes:
-        record = {**measure(probe), "name": probe.name}
-        model, inputs, keywords = probe.build(torch.device("meta"))
-        observed.append(observe(gpu, model, inputs, record, loss_fn=probe_loss, **keywords))
-    return fit(gpu, observed, source=f"calibrated on {gpu.name} ({len(observed)} steps measured)"), observed

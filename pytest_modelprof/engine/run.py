@@ -31,8 +31,8 @@ from .observe.blocks import BlockMemo, CalledAgain
 from .observe.dispatch import Dispatcher
 from .observe.memo import LeafMemo
 from .observe.modules import ModuleTracker
-from .targets.cost import collective_seconds
 from .targets.catalog import gpu_spec
+from .targets.cost import collective_seconds
 from .targets.gpus import GPUSpec
 from .timing.latency import Timing, batch_size_of, measure_latency
 from .timing.layers import layer_times

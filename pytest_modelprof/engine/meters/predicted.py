@@ -9,8 +9,21 @@ from torch.utils._pytree import tree_flatten
 
 from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
 from ..formulas import FormulaTable, cost_of
-from ..targets.cost import COMPUTE_KINDS, Bound, StepClock, Work, foreach_kernels, gemms_of, kind_of, norm_work, rnn_kernels
+from ..targets.cost import (
+    COMPUTE_KINDS,
+    Bound,
+    Issuer,
+    StepClock,
+    Work,
+    foreach_kernels,
+    kind_of,
+    norm_work,
+    rnn_kernels,
+    rnn_recurrent_bytes,
+    tf32_allowed,
+)
 from ..targets.gpus import GPUSpec
+from ..targets.products import gemms_of
 from . import Meter, Op
 
 if TYPE_CHECKING:
@@ -95,9 +108,19 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     kernels = foreach_kernels(len(lists[0])) if op.name.startswith("aten._foreach_") and lists else 1
     if kind == "rnn":
         kernels = rnn_kernels(op.name, op.args)
+        nbytes += rnn_recurrent_bytes(op.name, op.args)
     passes, reductions = norm_work(op.name, op.args) if kind in ("norm", "norm_backward") else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
-    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device)
+    tf32 = tf32_allowed(kind) if kind in COMPUTE_KINDS else False
+    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, issuer(op, tensors), tf32)
+
+
+def issuer(op: Op, tensors: list[torch.Tensor]) -> Issuer:
+    """Who issued ``op`` (:data:`~..targets.cost.Issuer`): the backward pass's ops come from autograd's engine;
+    the others from Python, recorded where grad mode is on and an input requires grad (read as it ran)."""
+    if op.phase == "backward":
+        return "engine"
+    return "recorded" if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) else "plain"
 
 
 def _bytes(t: torch.Tensor) -> int:

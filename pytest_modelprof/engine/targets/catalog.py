@@ -1,5 +1,5 @@
 """The GPUs a profile can target by name (``target="h100"``): :data:`GPUS`, each figure with its source;
-the calibration shipped for them; and calibration files (:func:`save_calibration`, ``target="file.json"``).
+and calibration files (:func:`save_calibration`, ``target="file.json"``).
 
 Every figure is the vendor's datasheet figure (see :class:`~.gpus.GPUSpec` for what each means), or,
 where the datasheet gives none, the source named beside it. Peak FLOP/s are dense (the datasheets quote
@@ -25,32 +25,6 @@ MB = 1 << 20  # caches: the datasheets' MB are MiB
 T = 1e12
 G = 1e9
 MHZ = 1e6
-
-# fitted by benchmarks/predicted_vs_h100.py on the kernel and step times of the nine H100
-# steps in pytest_modelprof/data/gpu-truth (torch 2.11, cuDNN 9.19); its leave-one-out table says how
-# far it carries to other models
-H100_CALIBRATION = Calibration(
-    efficiency={
-        "matmul": 0.9183,
-        "conv": 0.4942,
-        "conv_backward": 0.2775,
-        "conv_narrow": 0.2464,
-        "conv_narrow_backward": 0.08353,
-        "attention": 1.0,
-        "rnn": 0.4999,
-        "norm": 0.7368,
-        "norm_backward": 0.6497,
-        "memory": 0.7696,
-        "cuda_cores": 0.3898,
-    },
-    gemm_half={"m": 239.4, "n": 29.14, "k": 339.2},
-    reduction_bandwidth={"norm": 21.11e9, "norm_backward": 13.44e9},
-    kernel_seconds=7.278e-6,
-    host_seconds=16.48e-6,
-    view_seconds=11.52e-6,
-    calibrated=True,
-    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11)",
-)
 
 # peak FLOP/s per dtype (TFLOP/s; int8 in TOPS), dense. "float8" is e4m3 and e5m2 alike, accumulated in float32
 # (as cuBLASLt's fp8 products are); a GPU without fp8 tensor cores has no "float8" entry, one without bf16 tensor
@@ -82,7 +56,6 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
                 sm_count=132,
                 compute_capability=(9, 0),
                 interconnect=450 * G,
-                calibration=H100_CALIBRATION,
                 network=400 / 8 * G,
                 l2_bytes=50 * MB,  # NVIDIA H100 Tensor Core GPU Architecture whitepaper
                 boost_clock=1980 * MHZ,  # whitepaper: H100 SXM5 max boost for its peaks
@@ -334,7 +307,7 @@ def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
 
 CALIBRATION_FORMAT = 1
 _FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")
-_TABLES = ("efficiency", "gemm_half", "reduction_bandwidth")
+_TABLES = ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth")
 
 
 def save_calibration(path: str | os.PathLike[str], gpu: GPUSpec, calibration: Calibration, measured: str = "") -> None:

@@ -1,52 +1,58 @@
-"""Predicted time of each kernel on a target GPU, and of the step: a calibrated roofline.
+"""Predicted time of each kernel on a target GPU, and of the step: a roofline whose constants carry across GPUs.
 
-Each op that launches a kernel costs the larger of its compute time (its FLOPs over the
-GPU's peak for the math it runs, times an efficiency for its kind of kernel) and its
-memory time (bytes read and written over the memory bandwidth, times an efficiency),
-and at least a kernel's minimum duration. The math: matrix products, convolutions,
-attention and recurrent kernels run on tensor cores in bfloat16/float16, and in float32
-on TF32 tensor cores where PyTorch allows it (``torch.backends.cudnn.allow_tf32``, on by
-default, for convolutions and cuDNN; ``torch.backends.cuda.matmul.allow_tf32``, off by
-default, for matrix products); quantized products on their operands' math, fp8 or int8 tensor
-cores (:func:`math_peak`); everything else runs on CUDA cores.
+Each op that launches a kernel costs its fixed time (start, ramp and tail: ``kernel_seconds`` per
+kernel) plus the larger of its compute time (its FLOPs over the GPU's peak for the math it runs,
+times an efficiency for its kind of kernel) and its memory time (bytes read and written over the
+memory bandwidth, times an efficiency). The math: matrix products, convolutions, attention and
+recurrent kernels run on tensor cores in bfloat16/float16 where the GPU has them, and in float32 on
+TF32 tensor cores where PyTorch allowed it when the op ran (:func:`tf32_allowed`); quantized products
+on their operands' math, fp8 or int8 tensor cores; everything else on CUDA cores (:func:`math_unit`).
+A GPU whose power limit is below what its math draws at the boost clock (the 70-75 W cards) runs its
+math at the clock it can hold (:func:`.gpus.clock_fraction`).
 
-Three shapes of work change how close a kernel comes to its peak. A matrix product on
-tensor cores (:func:`gemms_of`: a convolution's implicit product, attention per head, a
-recurrent layer's steps) reaches less of it the fewer its rows, columns and reduction
-(:func:`shape_efficiency`); a library's product whose output would not fill the GPU's SMs
-is split along a long reduction first (:func:`split_k`), and a convolution's backward
-pass (cuDNN's own kernels for the two gradients) has an efficiency of its own. A
-normalisation goes over its data more than once and, where it runs only a few independent
+Three shapes of work change how close a kernel comes to its peak. A matrix product
+(:func:`.products.gemms_of`: a convolution's implicit product, attention per head, a recurrent
+layer's steps) runs in waves of output tiles over the SMs, the tile the library would pick, its
+reduction split where its tiles would leave SMs idle (:func:`.products.product_seconds`); a
+convolution's backward pass (cuDNN's own kernels for the two gradients) has an efficiency of its
+own, and a recurrent layer re-reads its recurrent weights at every step (:func:`rnn_recurrent_bytes`).
+A normalisation goes over its data more than once and, where it runs only a few independent
 reductions (batch norm's channels), is bound by them rather than by the bandwidth
-(:func:`norm_work`). A convolution with few input channels per group
-(depthwise, or a first layer on RGB pixels) runs off the tensor cores (``conv_narrow``).
+(:func:`norm_work`). A convolution with few input channels per group (depthwise, or a first layer
+on RGB pixels) runs off the tensor cores (``conv_narrow``).
 
-The step is simulated on two clocks, as eager PyTorch runs it: the host issues ops one
-after another (a fixed overhead per op), the GPU runs each kernel once issued and once
-the previous one is done, and a read of a value on the host (``.item()``) waits for the
-GPU. Not modelled: overlap with other work, several streams, data loading, and the
-first step's one-off costs (cuDNN plans, allocations from the driver).
+The step is simulated on two clocks, as eager PyTorch runs it: the host issues ops one after
+another, each at a cost by who issues it (:data:`Issuer`: Python with autograd recording, Python
+under ``no_grad``, autograd's engine), the GPU runs each kernel once issued and once the previous one
+is done (so the step is the host's time where the GPU waits for it, the GPU's where it is busier),
+and a read of a value on the host (``.item()``) waits for the GPU. The figure is eager PyTorch's: a
+``torch.compile``d or CUDA-graph step has no per-op host cost. Not modelled: overlap with other work,
+several streams, data loading, and the first step's one-off costs (cuDNN plans, allocations from the
+driver).
 
-:data:`~.gpus.UNCALIBRATED` holds round, physically plausible defaults; a GPU's
-:class:`~.gpus.Calibration`, fitted to measured kernel times, replaces them
-(``benchmarks/predicted_vs_h100.py`` fits one on ``pytest_modelprof/data/gpu-truth/h100.json``).
+Every GPU of the table shares one :class:`~.gpus.Calibration` (:data:`~.gpus.FITTED`), fitted by
+``benchmarks/predicted_vs_h100.py`` to measured kernel and step times on six GPUs;
+:data:`~.gpus.UNCALIBRATED` holds round, physically plausible defaults (where a fit starts).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Literal, NamedTuple
 
 import torch
 
 from ..ops import REGISTRY
-from .gpus import Calibration, GPUSpec
+from .gpus import Calibration, GPUSpec, clock_fraction
+from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
 
 Kind = Literal[
     "matmul", "conv", "conv_backward", "conv_narrow", "conv_narrow_backward", "attention", "rnn", "norm", "norm_backward", "memory", "none"
 ]
 Bound = Literal["compute", "memory", "launch"]
+Issuer = Literal["recorded", "plain", "engine"]
+"""Who issues an op on the host: Python with autograd recording it (a training step's forward), Python
+without (a forward under ``no_grad``, an optimizer's step), or autograd's engine in C++ (the backward pass)."""
 KINDS: tuple[Kind, ...] = (
     "matmul",
     "conv",
@@ -59,7 +65,8 @@ KINDS: tuple[Kind, ...] = (
     "norm_backward",
     "memory",
 )  # the kinds of kernels, each with its efficiency ("none": no kernel)
-COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_backward", "attention", "rnn"})  # on tensor cores
+COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_backward", "attention", "rnn"})  # on tensor cores where the dtype allows
+LIBRARY_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and cuDNN's products (see :mod:`.products`)
 
 # the op registry's kernels (:attr:`~..ops.OpInfo.kernel`) by op name, those of the kind "memory" left out
 KIND_OF: dict[str, Kind] = {info.name: info.kernel for info in REGISTRY.values() if info.kernel != "memory"}
@@ -76,7 +83,7 @@ def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
     is bound by memory."""
     kind = KIND_OF.get(name, "memory")
     if kind == "conv":
-        weight = _tensor(_arg(args, 2 if name == "aten.convolution_backward" else 1))
+        weight = as_tensor(argument(args, 2 if name == "aten.convolution_backward" else 1))
         if weight is not None and weight.dim() > 2 and conv_channels(name, args, weight)[0] < NARROW_CHANNELS:
             kind = "conv_narrow"
     elif kind == "matmul" and name.removeprefix("aten.").rstrip("_") in ("mv", "addmv", "dot", "vdot"):
@@ -99,28 +106,45 @@ NARROW_MATH: dict[torch.dtype, str] = {
 }
 
 
-def math_peak(gpu: GPUSpec, kind: Kind, dtype: torch.dtype) -> float:
-    """The peak FLOP/s of the math an op of ``kind`` runs in ``dtype`` on ``gpu``. On tensor cores, fp8 and
-    int8 operands run at the GPU's ``float8`` and ``int8`` peaks; a GPU without them (the A100 and A10G
-    have no fp8, where PyTorch's ``_scaled_mm`` refuses to run) at its 16-bit peak, as if the operands were
-    widened to float16."""
-    narrow = NARROW_MATH.get(dtype) if kind in COMPUTE_KINDS else None
+def tf32_allowed(kind: Kind) -> bool:
+    """Whether PyTorch runs a float32 op of ``kind`` on TF32 tensor cores, as its flags are now: cuDNN's
+    ``torch.backends.cudnn.allow_tf32`` (on by default) for convolutions and recurrent layers, and
+    ``torch.backends.cuda.matmul.allow_tf32`` (off by default; ``torch.set_float32_matmul_precision("high")``
+    turns it on) for matrix products."""
+    if kind in ("conv", "conv_backward", "rnn"):
+        return torch.backends.cudnn.allow_tf32
+    return kind == "matmul" and torch.backends.cuda.matmul.allow_tf32
+
+
+def math_unit(gpu: GPUSpec, kind: Kind, dtype: torch.dtype, tf32: bool | None = None) -> tuple[float, bool]:
+    """The peak FLOP/s of the math an op of ``kind`` runs in ``dtype`` on ``gpu``, and whether it runs on
+    tensor cores. On tensor cores, fp8 and int8 operands run at the GPU's ``float8`` and ``int8`` peaks; a
+    GPU without them (the A100 and A10G have no fp8, where PyTorch's ``_scaled_mm`` refuses to run) at its
+    16-bit peak, as if the operands were widened to float16. A 16-bit dtype the GPU has no tensor cores for
+    (bfloat16 before Ampere), and float32 without TF32 (``tf32``: whether the op ran with it allowed; by
+    default, :func:`tf32_allowed` now), run on the CUDA cores."""
+    compute = kind in COMPUTE_KINDS
+    narrow = NARROW_MATH.get(dtype) if compute else None
     if narrow is not None:
         if narrow in gpu.peak_flops:
-            return gpu.peak_flops[narrow]
+            return gpu.peak_flops[narrow], True
         dtype = torch.float16
+    simt = gpu.peak_flops.get("float32", max(gpu.peak_flops.values()))
     if dtype in (torch.bfloat16, torch.float16):
         name = str(dtype).removeprefix("torch.")
-        if kind in COMPUTE_KINDS and name in gpu.peak_flops:
-            return gpu.peak_flops[name]
-        return gpu.peak_flops.get("float32", max(gpu.peak_flops.values()))
+        if compute and name in gpu.peak_flops:
+            return gpu.peak_flops[name], True
+        return simt, False
     if dtype == torch.float64:
-        return gpu.peak_flops.get("float64", gpu.peak_flops.get("float32", 1.0))
-    cudnn = kind in ("conv", "conv_backward", "rnn")
-    tf32 = (kind == "matmul" and torch.backends.cuda.matmul.allow_tf32) or (cudnn and torch.backends.cudnn.allow_tf32)
-    if tf32 and "tf32" in gpu.peak_flops:
-        return gpu.peak_flops["tf32"]
-    return gpu.peak_flops.get("float32", max(gpu.peak_flops.values()))
+        return gpu.peak_flops.get("float64", simt), False
+    if (tf32_allowed(kind) if tf32 is None else tf32) and "tf32" in gpu.peak_flops:
+        return gpu.peak_flops["tf32"], True
+    return simt, False
+
+
+def math_peak(gpu: GPUSpec, kind: Kind, dtype: torch.dtype) -> float:
+    """The peak FLOP/s of the math an op of ``kind`` runs in ``dtype`` on ``gpu`` (see :func:`math_unit`)."""
+    return math_unit(gpu, kind, dtype)[0]
 
 
 class Work(NamedTuple):
@@ -136,192 +160,72 @@ class Work(NamedTuple):
     passes: float = 1.0  # times a normalisation goes over its data, relative to ``bytes`` once
     reductions: int = 0  # independent reductions a normalisation runs side by side; 0: not what limits it
     on_device: bool = True  # False: all its tensors are on the host (Adam's step counts): no kernel
+    issuer: Issuer = "recorded"  # who issues it, at what cost to the host (see :data:`Issuer`)
+    tf32: bool = False  # float32 math allowed on TF32 tensor cores where it ran (:func:`tf32_allowed`)
 
 
-class Gemm(NamedTuple):
-    """One matrix product of an op, (m x k) @ (k x n) (independent products of a batch or of groups
-    side by side count in m), and its share of the op's FLOPs."""
-
-    m: int
-    n: int
-    k: int
-    share: float = 1.0
-
-
-SPLIT_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and cuDNN's products, split-K where it pays
-SPLIT_TILE = 128  # rows and columns of the output tile one SM computes
-SPLIT_LENGTH = 256  # the shortest reduction a split of a product's reduction is given
-
-
-def split_k(gemm: Gemm, sms: int) -> Gemm:
-    """The product as the GPU runs it: one whose output has fewer :data:`SPLIT_TILE`-square tiles than
-    the GPU has SMs, and a long reduction, is split along the reduction (split-K: each split on an
-    SM of its own, their partial sums added after) into as many splits as fill the SMs, none shorter
-    than :data:`SPLIT_LENGTH`; a convolution's weight gradient (a few channels, reduced over every
-    pixel of the batch) is one such product."""
-    fill = sms * SPLIT_TILE * SPLIT_TILE
-    if gemm.m * gemm.n >= fill or gemm.k < 2 * SPLIT_LENGTH:
-        return gemm
-    splits = max(1, min(gemm.k // SPLIT_LENGTH, math.ceil(fill / max(1, gemm.m * gemm.n))))
-    return Gemm(gemm.m * splits, gemm.n, gemm.k // splits, gemm.share)
-
-
-def shape_efficiency(gemm: Gemm, half: Mapping[str, float], sms: int = 0) -> float:
-    """The fraction of a kind's full efficiency that a matrix product of this shape reaches on a GPU of
-    ``sms`` SMs (0: not split, see :func:`split_k`): in each dimension ``d / (d + half[dim])``, a
-    product with few rows, columns or a short reduction filling fewer of the tensor cores' tiles and
-    pipelining less (``half``: a calibration's ``gemm_half``)."""
-    if sms:
-        gemm = split_k(gemm, sms)
-    factor = 1.0
-    for size, dim in ((gemm.m, "m"), (gemm.n, "n"), (gemm.k, "k")):
-        h = half.get(dim, 0.0)
-        factor *= size / (size + h) if size > 0 else 1.0
-    return factor
-
-
-def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> tuple[float, Bound]:
-    """The predicted time of one op's kernels, and what bounds it (see the module's notes)."""
+def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: float = 1.0) -> tuple[float, Bound]:
+    """The predicted time of one op's kernels, and what bounds it (see the module's notes); ``duty``: the
+    fraction of the time the GPU runs kernels (1: back to back, as in a step; see :func:`.gpus.clock_fraction`)."""
     efficiency = calibration.efficiency
     kind = work.kind
     bandwidth = gpu.bandwidth * efficiency["memory"]
     if kind in COMPUTE_KINDS:
-        peak = math_peak(gpu, kind, MATH_OF.get(work.name, work.dtype)) * efficiency.get(kind, 1.0)
-        if work.gemms:
-            # library products are split along long reductions; attention and recurrent kernels schedule their own
-            half, sms = calibration.gemm_half, gpu.sm_count if kind in SPLIT_KINDS else 0
-            compute = sum(work.flops * g.share / (peak * shape_efficiency(g, half, sms)) for g in work.gemms)
+        peak, tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)
+        peak *= clock_fraction(gpu, duty) * efficiency.get(kind if tensor_cores else f"{kind}_simt", efficiency.get(kind, 1.0))
+        if work.gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
+            sms, split = gpu.sm_count, kind in LIBRARY_KINDS
+            compute = sum(product_seconds(g, work.flops * g.share, peak, sms, calibration, tensor_cores, split) for g in work.gemms)
         else:
             compute = work.flops / peak
         memory = work.bytes / bandwidth
     else:
-        compute = work.flops / (math_peak(gpu, kind, work.dtype) * efficiency.get("cuda_cores", 1.0)) if work.flops else 0.0
+        compute = work.flops / (math_unit(gpu, kind, work.dtype, False)[0] * efficiency.get("cuda_cores", 1.0)) if work.flops else 0.0
         rate = gpu.bandwidth * efficiency.get(kind, efficiency["memory"])
         per_reduction = calibration.reduction_bandwidth.get(kind, 0.0)
         if work.reductions and per_reduction:
             rate = min(rate, work.reductions * per_reduction)
         memory = work.bytes * work.passes / rate
-    floor = calibration.kernel_seconds * work.kernels
-    seconds = max(compute, memory, floor)
-    if seconds == floor and floor > max(compute, memory):
+    fixed = calibration.kernel_seconds * work.kernels  # each kernel's start and finish, beside its work
+    seconds = fixed + max(compute, memory)
+    if fixed > max(compute, memory):
         return seconds, "launch"
     return seconds, "compute" if compute >= memory else "memory"
 
 
-def _tensor(value: object) -> torch.Tensor | None:
-    return value if isinstance(value, torch.Tensor) else None
-
-
-def _arg(args: tuple[object, ...], index: int, default: object = None) -> object:
-    return args[index] if len(args) > index else default
-
-
-# where convolution ops keep their groups
-_CONV_GROUPS = {"aten.convolution": 8, "aten._convolution": 8, "aten.cudnn_convolution": 5, "aten.convolution_backward": 9}
-NARROW_CHANNELS = 8  # a convolution with fewer input channels per group runs off the tensor cores
-
-
-def conv_channels(name: str, args: tuple[object, ...], weight: torch.Tensor) -> tuple[int, int, int]:
-    """A convolution's input and output channels per group, and its groups (a transposed
-    convolution's weight holds input channels first)."""
-    groups = _arg(args, _CONV_GROUPS.get(name, 8), 1)
-    groups = groups if isinstance(groups, int) and groups > 0 else 1
-    transposed = name != "aten.cudnn_convolution" and _arg(args, 7 if name == "aten.convolution_backward" else 6) is True
-    if transposed:
-        return weight.shape[0] // groups, weight.shape[1], groups
-    return weight.shape[1], weight.shape[0] // groups, groups
-
-
-_QUANTIZED_PRODUCTS = frozenset({"_int_mm", "_scaled_mm", "_scaled_mm_v2", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu"})
-
-
-def gemms_of(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ...]:
-    """The matrix products behind an op on tensor cores, by shape (empty where its shape is not known
-    to this function: the kind's efficiency alone applies). A convolution is an implicit product
-    (rows: output pixels, columns: output channels, reduction: input channels x kernel), its
-    backward one for the input's gradient and one for the weight's; attention a product per
-    head (queries x keys x head size); a recurrent layer its input projection over all steps and
-    one recurrent product per step (rows: the batch)."""
-    base = name.removeprefix("aten.").rstrip("_")
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if base in ("mm", "addmm", "_addmm_activation", "bmm", "baddbmm") and len(tensors) >= 2:
-        a, b = tensors[-2], tensors[-1]
-        if a.dim() < 2 or b.dim() < 2:
-            return ()
-        batch = a.shape[0] if a.dim() == 3 else 1
-        return (Gemm(batch * a.shape[-2], b.shape[-1], a.shape[-1]),)
-    if base in ("convolution", "_convolution", "cudnn_convolution", "convolution_backward"):
-        return _conv_gemms(name, args, out)
-    if base in _QUANTIZED_PRODUCTS:
-        # the first operand and the output give the shape: the weight may be packed, the tensors after it are scales
-        operand, y = _tensor(_arg(args, 0)), _tensor(out)
-        if operand is None or y is None or y.dim() != 2 or y.shape[0] == 0:
-            return ()
-        return (Gemm(y.shape[0], y.shape[1], operand.numel() // y.shape[0]),)
-    if "attention" in base and len(tensors) >= 3:
-        q, k = (tensors[1], tensors[2]) if base.endswith("backward") else (tensors[0], tensors[1])
-        if q.dim() != 4 or k.dim() != 4 or not base.startswith("_scaled_dot_product"):
-            return ()
-        batch_heads = q.shape[0] * q.shape[1]
-        return (Gemm(batch_heads * q.shape[2], k.shape[2], q.shape[3]),)
-    if base in ("_cudnn_rnn", "_cudnn_rnn_backward"):
-        return _rnn_gemms(name, args)
-    return ()
-
-
-def _conv_gemms(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ...]:
-    backward = name == "aten.convolution_backward"
-    if backward:
-        y, x, weight = (_tensor(_arg(args, i)) for i in (0, 1, 2))
-    else:
-        x, weight = _tensor(_arg(args, 0)), _tensor(_arg(args, 1))
-        y = _tensor(out)
-    if x is None or weight is None or y is None or x.dim() < 3 or y.dim() < 3:
-        return ()
-    in_per_group, out_per_group, groups = conv_channels(name, args, weight)
-    kernel = math.prod(weight.shape[2:])
-    pixels_out = y.shape[0] * math.prod(y.shape[2:])
-    pixels_in = x.shape[0] * math.prod(x.shape[2:])
-    if not backward:
-        return (Gemm(pixels_out * groups, out_per_group, in_per_group * kernel),)
-    mask = _arg(args, 10)
-    mask = mask if isinstance(mask, (list, tuple)) and len(mask) > 1 else (True, True)
-    parts = []
-    if mask[0]:  # the input's gradient: a product over the output's gradient
-        parts.append(Gemm(pixels_in * groups, in_per_group, out_per_group * kernel))
-    if mask[1]:  # the weight's: reduced over every pixel of the batch
-        parts.append(Gemm(out_per_group * groups, in_per_group * kernel, pixels_out))
-    return tuple(Gemm(g.m, g.n, g.k, 1 / len(parts)) for g in parts)
-
-
-def _rnn_gemms(name: str, args: tuple[object, ...]) -> tuple[Gemm, ...]:
-    x, weights, stride = _tensor(_arg(args, 0)), _arg(args, 1), _arg(args, 2)
-    if x is None or x.dim() != 3 or not isinstance(weights, (list, tuple)) or not isinstance(stride, int) or stride < 2:
-        return ()
-    batch_first = _arg(args, 14 if name.endswith("_backward") else 10) is True
-    batch, steps = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
-    gemms = []
-    for start in range(0, len(weights) - 1, stride):
-        w_ih, w_hh = weights[start], weights[start + 1]
-        if not isinstance(w_ih, torch.Tensor) or not isinstance(w_hh, torch.Tensor):
-            return ()
-        gemms.append(Gemm(batch * steps, w_ih.shape[0], w_ih.shape[1], float(w_ih.numel())))  # every step at once
-        gemms.append(Gemm(batch, w_hh.shape[0], w_hh.shape[1], float(w_hh.numel())))  # one step after another
-    total = sum(g.share for g in gemms)
-    return tuple(Gemm(g.m, g.n, g.k, g.share / total) for g in gemms)
+RNN_STEP_KERNELS = 2  # a recurrent layer's step: the product with the recurrent weights, then the cell's pointwise kernel
 
 
 def rnn_kernels(name: str, args: tuple[object, ...]) -> int:
-    """Kernels a cuDNN recurrent op runs: one per step, layer and direction (its recurrence is sequential)."""
+    """Kernels a cuDNN recurrent op runs: :data:`RNN_STEP_KERNELS` per step, layer and direction, one after
+    another (its recurrence is sequential)."""
     x = args[0]
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         return 1
     backward = name.endswith("_backward")
     layers = args[13 if backward else 9]
-    batch_first = args[14 if backward else 10]
     bidirectional = args[17 if backward else 13]
-    steps = int(x.shape[1] if batch_first and x.dim() == 3 else x.shape[0])
-    return steps * (layers if isinstance(layers, int) else 1) * (2 if bidirectional else 1)
+    sequences = (layers if isinstance(layers, int) else 1) * (2 if bidirectional else 1)
+    return RNN_STEP_KERNELS * _rnn_steps(name, args) * sequences
+
+
+def _rnn_steps(name: str, args: tuple[object, ...]) -> int:
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return 1
+    batch_first = args[14 if name.endswith("_backward") else 10]
+    return int(x.shape[1] if batch_first and x.dim() == 3 else x.shape[0])
+
+
+def rnn_recurrent_bytes(name: str, args: tuple[object, ...]) -> int:
+    """The bytes a cuDNN recurrent op reads again at every step beyond the first: each layer's and
+    direction's recurrent weights (the step's product is with them)."""
+    weights, stride = argument(args, 1), argument(args, 2)
+    if not isinstance(weights, (list, tuple)) or not isinstance(stride, int) or stride < 2:
+        return 0
+    recurrent = [weights[i + 1] for i in range(0, len(weights) - 1, stride)]
+    per_step = sum(w.numel() * w.element_size() for w in recurrent if isinstance(w, torch.Tensor))
+    return per_step * max(0, _rnn_steps(name, args) - 1)
 
 
 _BATCH_NORM_EVAL = frozenset(
@@ -341,21 +245,21 @@ def norm_work(name: str, args: tuple[object, ...]) -> tuple[float, int]:
     RMS norm reduce rows or groups. Inference batch norm normalises only, elementwise, one plane
     (a sample's channel) per block of :data:`PLANE_THREADS` threads: a plane with fewer pixels
     leaves threads idle."""
-    x = _tensor(_arg(args, 1 if name.endswith("_backward") else 0))
+    x = as_tensor(argument(args, 1 if name.endswith("_backward") else 0))
     if x is None or x.dim() < 2:
         return 1.0, 0
     backward = name.endswith("_backward")
     passes = 5 / 3 if backward else 1.5
     if "batch_norm" in name:
-        training = _arg(args, 7 if backward else 5, True) if name != "aten.cudnn_batch_norm_backward" else True
+        training = argument(args, 7 if backward else 5, True) if name != "aten.cudnn_batch_norm_backward" else True
         if name in _BATCH_NORM_EVAL or training is False:
             pixels = math.prod(x.shape[2:])
             return max(1.0, PLANE_THREADS / pixels) if pixels else 1.0, 0
         return passes, int(x.shape[1])
     if "group_norm" in name:
-        groups = _arg(args, 8 if backward else 6, 1)
+        groups = argument(args, 8 if backward else 6, 1)
         return passes, int(x.shape[0]) * (groups if isinstance(groups, int) and groups > 0 else 1)
-    normalized = _arg(args, 2 if backward else 1, ())  # layer norm, RMS norm: rows of the trailing dimensions
+    normalized = argument(args, 2 if backward else 1, ())  # layer norm, RMS norm: rows of the trailing dimensions
     inner = math.prod(normalized) if isinstance(normalized, (list, tuple)) else x.shape[-1]
     return passes, max(1, x.numel() // max(1, inner))
 
@@ -383,10 +287,10 @@ class StepClock:
         if work.kind == "none":
             self.host += calibration.view_seconds
         elif not work.on_device:
-            self.host += calibration.host_seconds
+            self.host += calibration.host(work.issuer)
         else:
             seconds, bound = kernel_seconds(self.gpu, calibration, work)
-            self.host += calibration.host_seconds
+            self.host += calibration.host(work.issuer)
             self.device = max(self.host, self.device) + seconds
             self.busy += seconds
         if work.name in SYNCHRONIZING and work.on_device:  # the host waits for a value on the GPU
