@@ -90,14 +90,18 @@ def _call(row: dict[str, str]) -> tuple[Any, tuple[Any, ...]]:
     return (aten.pow.Tensor_Tensor if op == "pow" else getattr(aten, op).Tensor), (x, _meta(size["b"], size["h"]))
 
 
-def _work(row: dict[str, str], formulas: FormulaTable) -> Work:
+def work_of(row: dict[str, str], formulas: FormulaTable | None = None) -> Work:
+    """The work the engine reads off the op of a row (run on meta tensors), as the data's protocol ran it:
+    products in fp32 with TF32 off (set by :func:`measurements` around its calls)."""
+    formulas = formulas or FormulaTable()
     func, args = _call(row)
     out = func(*args)
     name = f"aten.{func._schema.name.split('::')[1]}"
     return op_features(Op(func, name, args, {}, out, "forward", (), None), formulas, "cuda")
 
 
-def _rows() -> Iterator[dict[str, str]]:
+def rows() -> Iterator[dict[str, str]]:
+    """The data's rows, as its CSV holds them."""
     with gzip.open(DATA / "kernels.csv.gz", "rt", newline="") as handle:
         yield from csv.DictReader(handle)
 
@@ -107,7 +111,7 @@ def measurements(per_file: int | None = None, seed: int = 0) -> tuple[Measured, 
     """Every measurement (``per_file``: at most that many of each op and GPU, drawn with ``seed``), its work
     read as the data's protocol ran it: fp32 products with TF32 off."""
     groups: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
-    for row in _rows():
+    for row in rows():
         groups[(row["op"], row["gpu"])].append(row)
     draw = random.Random(seed)
     formulas = FormulaTable()
@@ -115,11 +119,11 @@ def measurements(per_file: int | None = None, seed: int = 0) -> tuple[Measured, 
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # the protocol's: products in fp32
     try:
-        for (op, device), rows in sorted(groups.items()):
-            if per_file is not None and len(rows) > per_file:
-                rows = draw.sample(rows, per_file)
+        for (op, device), group in sorted(groups.items()):
+            if per_file is not None and len(group) > per_file:
+                group = draw.sample(group, per_file)
             gpu = GPUS[GPU_NAMES[device]]
-            out.extend(Measured(gpu, CLASSES[op], op, float(row["ms"]) * 1e-3, _work(row, formulas)) for row in rows)
+            out.extend(Measured(gpu, CLASSES[op], op, float(row["ms"]) * 1e-3, work_of(row, formulas)) for row in group)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
     return tuple(out)

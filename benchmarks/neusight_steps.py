@@ -74,7 +74,8 @@ def main() -> None:
             assert result.predicted is not None
             predicted = result.predicted.seconds
             rows.append((gpu, path.stem, measured, predicted, result.predicted.host_seconds))
-            print(f"{gpu:12s} {path.stem:28s} measured {measured * 1e3:9.2f} ms  predicted {predicted * 1e3:9.2f} ms  {predicted / measured - 1:+7.1%}")
+            error = predicted / measured - 1
+            print(f"{gpu:12s} {path.stem:28s} measured {measured * 1e3:9.2f} ms  predicted {predicted * 1e3:9.2f} ms  {error:+7.1%}")
     print()
     for gpu in sorted({r[0] for r in rows}):
         errors = [abs(r[3] / r[2] - 1) for r in rows if r[0] == gpu]

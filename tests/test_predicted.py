@@ -1,6 +1,5 @@
 """Predicted step time on a target GPU: the roofline by hand, determinism across processes, budgets."""
 
-import dataclasses
 import subprocess
 import sys
 

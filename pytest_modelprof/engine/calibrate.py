@@ -25,7 +25,7 @@ import dataclasses
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
@@ -122,11 +122,12 @@ BOUNDS = {
     "tile_cost": (0.01, 500.0),
     "reduction_bandwidth": (1e9, 1e12),
     "kernel_seconds": (1e-6, 2e-5),
+    "power_exponent": (1.0, 3.0),
     "host_seconds": (1e-6, 1e-4),
     "view_seconds": (1e-7, 5e-5),
 }
 # a convolution on CUDA cores may multiply less than its FLOPs count (Winograd's, FFT's kernels)
-ABOVE_PEAK = {("efficiency", "conv_simt"): 2.5, ("efficiency", "conv_backward_simt"): 2.5}
+ABOVE_PEAK: dict[Parameter, float] = {("efficiency", "conv_simt"): 2.5, ("efficiency", "conv_backward_simt"): 2.5}
 
 
 def _bounds(parameter: Parameter) -> tuple[float, float]:
@@ -134,7 +135,7 @@ def _bounds(parameter: Parameter) -> tuple[float, float]:
     return low, ABOVE_PEAK.get(parameter, high)
 
 
-def kernel_parameters(works: Iterable[tuple[GPUSpec, Work]]) -> list[Parameter]:
+def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
     """The kernel model's constants that the time of these ops (each on its GPU) depends on."""
     efficiencies = {"cuda_cores"}
     parameters: set[Parameter] = {("kernel_seconds", None)}
@@ -150,6 +151,8 @@ def kernel_parameters(works: Iterable[tuple[GPUSpec, Work]]) -> list[Parameter]:
             if kind in ("norm", "norm_backward"):
                 parameters.add(("reduction_bandwidth", kind))
     parameters.update(("efficiency", name) for name in efficiencies)
+    if any(work.kind in COMPUTE_KINDS and clock_fraction(gpu) < 1 for gpu, work in works):
+        parameters.add(("power_exponent", None))
     return sorted(parameters, key=lambda p: (p[0], p[1] or ""))
 
 

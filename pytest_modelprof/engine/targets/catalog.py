@@ -307,6 +307,7 @@ def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
 
 CALIBRATION_FORMAT = 1
 _FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")
+_OPTIONAL = {"power_exponent": 1.0}  # figures a calibration file may leave out: their defaults
 _TABLES = ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth")
 
 
@@ -318,7 +319,7 @@ def save_calibration(path: str | os.PathLike[str], gpu: GPUSpec, calibration: Ca
         raise ValueError(f"a calibration file names its GPU from the table ({', '.join(GPUS)}), got {gpu.name!r}")
     document: dict[str, Any] = {"format": CALIBRATION_FORMAT, "gpu": gpu.name, "measured_on": measured, "source": calibration.source}
     document.update({name: dict(getattr(calibration, name)) for name in _TABLES})
-    document.update({name: getattr(calibration, name) for name in _FIGURES})
+    document.update({name: getattr(calibration, name) for name in (*_FIGURES, *_OPTIONAL)})
     replace_atomically(Path(path), json.dumps(document, indent=2) + "\n")
 
 
@@ -341,7 +342,7 @@ def load_calibration(path: str | os.PathLike[str]) -> GPUSpec:
         raise ValueError(f"{path}:1: expected a JSON object of calibration figures")
     if document.get("format") != CALIBRATION_FORMAT:
         raise fail("format", f"{CALIBRATION_FORMAT} (a calibration file written by modelprof calibrate)")
-    known = {"format", "gpu", "measured_on", "source", *_TABLES, *_FIGURES}
+    known = {"format", "gpu", "measured_on", "source", *_TABLES, *_FIGURES, *_OPTIONAL}
     for entry in document:
         if entry not in known:
             raise fail(entry, f"one of {', '.join(sorted(known))}")
@@ -358,6 +359,10 @@ def load_calibration(path: str | os.PathLike[str]) -> GPUSpec:
         if entry not in document or not _positive(document[entry]):
             raise fail(entry, "a positive number of seconds")
         figures[entry] = float(document[entry])
+    for entry, default in _OPTIONAL.items():
+        if not _positive(document.get(entry, default)):
+            raise fail(entry, "a positive number")
+        figures[entry] = float(document.get(entry, default))
     source = f"{path.name}: {document.get('source') or 'calibration file'}"
     calibration = Calibration(**figures, calibrated=True, source=source)
     return dataclasses.replace(GPUS[name], calibration=calibration)

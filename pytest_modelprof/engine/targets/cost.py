@@ -172,7 +172,8 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
     bandwidth = gpu.bandwidth * efficiency["memory"]
     if kind in COMPUTE_KINDS:
         peak, tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)
-        peak *= clock_fraction(gpu, duty) * efficiency.get(kind if tensor_cores else f"{kind}_simt", efficiency.get(kind, 1.0))
+        unit_efficiency = efficiency.get(kind if tensor_cores else f"{kind}_simt", efficiency.get(kind, 1.0))
+        peak *= clock_fraction(gpu, duty, calibration.power_exponent) * unit_efficiency
         if work.gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
             sms, split = gpu.sm_count, kind in LIBRARY_KINDS
             compute = sum(product_seconds(g, work.flops * g.share, peak, sms, calibration, tensor_cores, split) for g in work.gemms)

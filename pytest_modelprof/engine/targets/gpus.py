@@ -24,6 +24,7 @@ A GPU that is not in the table is a :class:`GPUSpec` of your own, passed as ``ta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -72,6 +73,7 @@ class Calibration:
     gemm_half: Mapping[str, float] = field(default_factory=lambda: {"k": 128.0, "k_simt": 32.0}, hash=False)
     reduction_bandwidth: Mapping[str, float] = field(default_factory=dict, hash=False)
     tile_cost: Mapping[str, float] = field(default_factory=lambda: {"tensor": 16.0, "simt": 16.0}, hash=False)
+    power_exponent: float = 1.0  # how a GPU's power grows with its clock (see :func:`clock_fraction`)
     kernel_seconds: float = 3e-6  # a kernel's fixed time beside its work: its start, ramp and tail
     host_seconds: float = 6e-6  # the host's time to issue one op with a kernel from Python, autograd recording it
     view_seconds: float = 1.5e-6  # ... one without a kernel (a view, an allocation)
@@ -97,26 +99,27 @@ UNCALIBRATED = Calibration()
 # (no fp32 convolution's backward pass without TF32 was measured): a round figure.
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.9325,
-        "conv": 0.3672,
-        "conv_backward": 0.2362,
+        "matmul": 0.9326,
+        "conv": 0.3673,
+        "conv_backward": 0.2363,
         "conv_narrow": 0.2614,
-        "conv_narrow_backward": 0.08447,
-        "attention": 0.6561,
-        "rnn": 0.3249,
-        "norm": 0.829,
-        "norm_backward": 0.7234,
+        "conv_narrow_backward": 0.08446,
+        "attention": 0.6564,
+        "rnn": 0.3247,
+        "norm": 0.8287,
+        "norm_backward": 0.7231,
         "memory": 0.835,
-        "matmul_simt": 0.9752,
-        "conv_simt": 1.853,
+        "matmul_simt": 0.9193,
+        "conv_simt": 1.743,
         "conv_backward_simt": 0.3,
         "cuda_cores": 0.3959,
     },
-    gemm_half={"k": 161.7, "k_simt": 11.45},
-    tile_cost={"tensor": 2.311, "simt": 15.95},
+    gemm_half={"k": 161.8, "k_simt": 11.92},
+    tile_cost={"tensor": 2.327, "simt": 16.04},
     reduction_bandwidth={"norm": 21.49e9, "norm_backward": 13.57e9},
-    kernel_seconds=2.915e-6,
-    host_seconds=15.55e-6,
+    power_exponent=1.315,
+    kernel_seconds=2.905e-6,
+    host_seconds=15.54e-6,
     view_seconds=13.96e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11) and 4800 kernels timed on five GPUs (NeuSight's)",
@@ -240,15 +243,17 @@ class GPUSpec:
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
 
 
-def clock_fraction(gpu: GPUSpec, duty: float = 1.0) -> float:
+def clock_fraction(gpu: GPUSpec, duty: float = 1.0, exponent: float = 1.0) -> float:
     """The fraction of its boost clock ``gpu`` sustains under dense math: 1 unless its power limit is below
     what its float32 peak takes at the architecture's FLOP/s per watt (:class:`Architecture`), as on the
     70-75 W cards (T4, P4, L4), which clock down to hold it. Its peaks are quoted at the boost clock.
     ``duty``: the fraction of the time the GPU runs such math (1: kernels back to back, as in a step); the
-    limit holds the average power, so a GPU idle in between clocks down less (the power a clock draws taken
-    as proportional to it)."""
+    limit holds the average power, so a GPU idle in between clocks down less. ``exponent``: how the power
+    its math draws grows with the clock (``clock ** exponent``: dynamic power is the clock times the voltage
+    squared, and the voltage falls with the clock; a calibration's ``power_exponent``)."""
     row = architecture(gpu.compute_capability)
     peak = gpu.peak_flops.get("float32", 0.0)
     if row is None or not row.flops_per_watt or not gpu.power or not peak:
         return 1.0
-    return min(1.0, gpu.power * row.flops_per_watt / (peak * max(duty, 1e-9)))
+    share: float = gpu.power * row.flops_per_watt / (peak * max(duty, 1e-9))
+    return min(1.0, math.pow(share, 1 / exponent))

@@ -1,0 +1,116 @@
+"""The kernel model's GPU figures: the spec table, power-capped clocks, TF32 as the run had it, recurrent
+steps, the host by issuer, and the fit to kernels timed on their own (NeuSight's data, and synthetic)."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks import neusight
+from pytest_modelprof import GPUS, profile
+from pytest_modelprof.engine.calibrate import KernelFit, fit_kernels
+from pytest_modelprof.engine.targets.cost import Work, kernel_seconds, rnn_kernels, rnn_recurrent_bytes
+from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction
+from pytest_modelprof.engine.targets.products import Gemm
+
+LOW_POWER = {"t4", "p4", "l4"}  # the 70-75 W cards
+
+
+def test_every_gpu_of_the_table_has_the_figures_the_model_reads():
+    for name, gpu in GPUS.items():
+        assert gpu.l2_bytes > 0 and gpu.boost_clock > 0, name
+        assert gpu.calibration is FITTED, name  # one set of constants for every GPU
+        fraction = clock_fraction(gpu)
+        assert (fraction < 1) == (name in LOW_POWER), (name, fraction)
+    # the peaks are the boost clock's: FP32 lanes x 2 FLOPs x clock (V100 PCIe 5120 lanes at 1380 MHz)
+    assert GPUS["v100-pcie"].peak_flops["float32"] == pytest.approx(5120 * 2 * 1380e6, rel=0.02)
+    assert GPUS["t4"].peak_flops["float32"] == pytest.approx(2560 * 2 * 1590e6, rel=0.01)
+    assert "bfloat16" not in GPUS["t4"].peak_flops and "tf32" not in GPUS["v100"].peak_flops
+
+
+def test_a_power_capped_gpu_runs_its_math_at_the_clock_its_limit_holds_by_hand():
+    """A T4's float32 peak, 8.1 TFLOP/s, would draw 8.1e12 / (16.3e12 / 295) = 147 W at Turing's FLOP/s per
+    watt (a Quadro RTX 8000's, which holds its boost): 70 W holds 70 / 146.6 of it, at that fraction of the
+    clock if the power grows as the clock, at its square root if as its square; idle half the time, it needs
+    only half the power."""
+    t4 = GPUS["t4"]
+    share = 70 / (8.1e12 / (16.3e12 / 295))
+    assert clock_fraction(t4) == pytest.approx(share)
+    assert clock_fraction(t4, exponent=2.0) == pytest.approx(math.sqrt(share))
+    assert clock_fraction(t4, duty=0.5) == pytest.approx(2 * share)
+    assert clock_fraction(t4, duty=0.1) == 1.0
+    assert clock_fraction(GPUS["h100"]) == 1.0 and clock_fraction(GPUS["v100-pcie"]) == 1.0
+    # a product's math runs at that clock; its memory time does not
+    calibration = Calibration(efficiency={"matmul_simt": 1.0, "memory": 1.0}, gemm_half={}, tile_cost={}, kernel_seconds=0.0)
+    work = Work("aten.mm", "matmul", 2 * 4096**3, 0, torch.float32, 1, (Gemm(4096, 4096, 4096),))
+    unlimited = dataclasses.replace(t4, power=0.0)
+    assert kernel_seconds(t4, calibration, work)[0] == pytest.approx(kernel_seconds(unlimited, calibration, work)[0] / share)
+
+
+class MatMul(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+def test_float32_products_run_on_tf32_tensor_cores_only_where_the_run_allowed_it():
+    a, b = (torch.empty(4096, 4096, device="meta") for _ in range(2))
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        simt = profile(MatMul(), (a, b), target="a100-80gb", flops=False, memory=False).predicted.ops[0]
+        torch.backends.cuda.matmul.allow_tf32 = True
+        tensor = profile(MatMul(), (a, b), target="a100-80gb", flops=False, memory=False).predicted.ops[0]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    # 156 TFLOP/s of TF32 against 19.5 of float32 on CUDA cores: several times faster, whatever the efficiencies
+    assert simt.bound == tensor.bound == "compute" and simt.seconds > 4 * tensor.seconds
+
+
+def test_a_recurrent_layer_reads_its_recurrent_weights_again_at_every_step_by_hand():
+    lstm = nn.LSTM(32, 64, num_layers=2, device="meta")
+    x = torch.empty(10, 4, 32, device="meta")  # 10 steps of a batch of 4
+    weights = [w for w in lstm._flat_weights]
+    args = (x, weights, 4, None, torch.empty(2, 4, 64, device="meta"), torch.empty(2, 4, 64, device="meta"), 2, 64, 0, 2, False)
+    args = (*args, 0.0, True, False, [], None)
+    # each layer's w_hh, 4 x 64 gates by 64, in float32, read at each of the 9 steps after the first
+    assert rnn_recurrent_bytes("aten._cudnn_rnn", args) == 2 * (4 * 64 * 64 * 4) * 9
+    assert rnn_kernels("aten._cudnn_rnn", args) == 2 * 10 * 2  # the product and the cell's kernel, per step and layer
+
+
+def test_neusights_kernels_are_read_as_their_launches_show():
+    """The data's first T4 linear row: 58 x 13 input, 141 output features; its kernel, volta_sgemm_32x128_tn,
+    launched a 5 x 1 grid: ceil(141 / 32) x ceil(58 / 128), so the output is 58 x 141 reduced over 13."""
+    data = [m for m in neusight.measurements(3) if m.op == "linear" and m.gpu.name == "t4"]
+    assert len(data) == 3 and all(m.work.kind == "matmul" and not m.work.tf32 for m in data)
+    first = next(row for row in neusight.rows() if row["op"] == "linear" and row["gpu"] == "Tesla T4")
+    assert (first["m"], first["n"], first["k"], first["kernel_name"], first["grid"]) == (
+        "58",
+        "13",
+        "141",
+        "volta_sgemm_32x128_tn",
+        "5x1x1",
+    )
+    assert neusight.work_of(first).gemms == (Gemm(58, 141, 13),)
+    kinds = {m.kind for m in neusight.measurements(1)}
+    assert kinds == {"bmm", "linear", "conv", "elementwise", "softmax", "layer norm"}
+
+
+def test_fitting_kernels_timed_on_their_own_recovers_the_constants_behind_them():
+    """Kernels on a T4 and a V100 timed with a fixed cost per class, made by known constants: the fit, from
+    the round defaults, predicts each of them again."""
+    true = dataclasses.replace(
+        FITTED, efficiency={**FITTED.efficiency, "matmul_simt": 0.7, "memory": 0.6}, tile_cost={"simt": 8.0}, kernel_seconds=4e-6
+    )
+    overhead = {"linear": 30e-6, "elementwise": 20e-6}
+    made = KernelFit(true, overhead)
+    timed = []
+    for gpu in (GPUS["t4"], GPUS["v100-pcie"]):
+        for n in (64, 256, 1024, 2048, 4096):
+            product = Work("aten.mm", "matmul", 2 * n * n * 512, 4 * (2 * n * 512 + n * n), torch.float32, 1, (Gemm(n, n, 512),))
+            add = Work("aten.add", "memory", n * n, 12 * n * n, torch.float32)
+            timed += [(gpu, w, kind, made.seconds(gpu, w, kind)) for w, kind in ((product, "linear"), (add, "elementwise"))]
+    fitted = fit_kernels(timed)
+    for gpu, work, kind, seconds in timed:  # (a class's fixed cost and each kernel's trade off against each other)
+        assert fitted.seconds(gpu, work, kind) == pytest.approx(seconds, rel=0.03)
