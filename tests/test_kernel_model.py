@@ -1,5 +1,5 @@
 """The kernel model's GPU figures: the spec table, power-capped clocks, TF32 as the run had it, recurrent
-steps, the host by issuer, and the fit to kernels timed on their own (NeuSight's data, and synthetic)."""
+steps, the fit to kernels timed on their own (NeuSight's data, and synthetic), and NCCL's collectives."""
 
 import dataclasses
 import math
@@ -11,6 +11,7 @@ from torch import nn
 from benchmarks import neusight
 from pytest_modelprof import GPUS, profile
 from pytest_modelprof.engine.calibrate import KernelFit, fit_kernels
+from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
 from pytest_modelprof.engine.targets.cost import Work, kernel_seconds, rnn_kernels, rnn_recurrent_bytes
 from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction
 from pytest_modelprof.engine.targets.products import Gemm
@@ -114,3 +115,27 @@ def test_fitting_kernels_timed_on_their_own_recovers_the_constants_behind_them()
     fitted = fit_kernels(timed)
     for gpu, work, kind, seconds in timed:  # (a class's fixed cost and each kernel's trade off against each other)
         assert fitted.seconds(gpu, work, kind) == pytest.approx(seconds, rel=0.03)
+
+
+GiB = 2**30
+
+
+def test_collectives_reach_the_published_bus_bandwidths_and_small_ones_their_latency():
+    """nccl-tests' figures: ~370 GB/s of bus bandwidth for an all-gather over H100 NVLink, ~480 GB/s for its
+    NVLS all-reduce, 46-49 GB/s per 400 Gb/s NIC between nodes; an 8 KiB all-gather is NCCL's LL protocol's,
+    6.6 us and 0.6 us a hop, at a third of the bandwidth."""
+    h100, a100 = GPUS["h100"], GPUS["a100-80gb"]
+
+    def bus_bandwidth(gpu, kind, ranks, nodes):
+        return 8 * GiB / call_seconds(gpu, kind, 8 * GiB, ranks, nodes)  # large enough that the latency is lost in it
+
+    assert bus_bandwidth(h100, "all_gather", 8, 1) == pytest.approx(370e9, rel=0.01)
+    assert bus_bandwidth(h100, "all_reduce", 8, 1) == pytest.approx(480e9, rel=0.01)
+    assert bus_bandwidth(h100, "reduce_scatter", 16, 2) == pytest.approx(47.5e9, rel=0.01)
+    assert bus_bandwidth(a100, "all_reduce", 8, 1) == pytest.approx(300e9 * 370 / 450, rel=0.01)  # no NVLS: a ring
+    small = 8 * 1024
+    assert call_seconds(h100, "all_gather", small, 8, 1) == pytest.approx((6.6 + 7 * 0.6) * 1e-6 + small / (370e9 / 3))
+    assert call_seconds(h100, "all_gather", small, 1, 1) == 0.0  # one rank moves nothing
+    # the calls of a row are priced at their mean size
+    assert collective_seconds(h100, "all_gather", 4, 4 * small, 8, 1) == pytest.approx(4 * call_seconds(h100, "all_gather", small, 8, 1))
+    assert collective_seconds(dataclasses.replace(h100, interconnect=0.0), "all_gather", 1, small, 8, 1) is None

@@ -32,7 +32,7 @@ from .observe.dispatch import Dispatcher
 from .observe.memo import LeafMemo
 from .observe.modules import ModuleTracker
 from .targets.catalog import gpu_spec
-from .targets.cost import collective_seconds
+from .targets.collectives import collective_seconds
 from .targets.gpus import GPUSpec
 from .timing.latency import Timing, batch_size_of, measure_latency
 from .timing.layers import layer_times
@@ -228,7 +228,7 @@ def _sharded(
 def _add_communication(predicted: PredictedReport, result: Profile, gpu: GPUSpec) -> None:
     """A sharded step's collectives in its predicted time: after the kernels (``seconds``, an upper
     bound) and wholly hidden behind them (``overlapped_seconds``, a lower bound)."""
-    times = [collective_seconds(gpu, c.calls, c.bus_bytes, c.nodes) for c in result.collectives]
+    times = [collective_seconds(gpu, c.kind, c.calls, c.bus_bytes, c.group_size, c.nodes) for c in result.collectives]
     if any(t is None for t in times):
         return  # a link the spec gives no bandwidth for: the collectives' time is unknown
     comm = sum(t for t in times if t is not None)

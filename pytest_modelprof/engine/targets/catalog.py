@@ -60,6 +60,7 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
                 l2_bytes=50 * MB,  # NVIDIA H100 Tensor Core GPU Architecture whitepaper
                 boost_clock=1980 * MHZ,  # whitepaper: H100 SXM5 max boost for its peaks
                 power=700,
+                nvls=True,  # NVSwitch with NVLink SHARP
             ),
             GPUSpec(  # H100 PCIe 80GB (datasheet: fp8 3026, int8 3026 sparse; 350 W)
                 name="h100-pcie",
@@ -88,6 +89,7 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
                 l2_bytes=50 * MB,
                 boost_clock=1980 * MHZ,
                 power=700,
+                nvls=True,  # NVSwitch with NVLink SHARP
             ),
             GPUSpec(  # B200 (HGX B200 datasheet, per GPU of eight: fp16/bf16 36, fp8 72, int8 72, tf32 18 PFLOPS sparse and
                 # fp32 600, fp64 296 TFLOPS for eight; 8 TB/s HBM3e; NVLink 5 1.8 TB/s both ways; 1000 W), ConnectX-7 400 Gb/s
@@ -104,6 +106,7 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
                 l2_bytes=126 * MB,  # NVIDIA Blackwell architecture technical brief: 126 MB over the two dies
                 boost_clock=1965 * MHZ,
                 power=1000,
+                nvls=True,  # NVSwitch with NVLink SHARP
             ),
             GPUSpec(  # A100 SXM4 80GB, NVLink 3 (600 GB/s both ways), HDR 200 Gb/s per GPU (DGX A100); 400 W
                 name="a100-80gb",

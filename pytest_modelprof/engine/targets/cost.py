@@ -301,18 +301,3 @@ class StepClock:
     @property
     def seconds(self) -> float:
         return max(self.host, self.device)
-
-
-# Collectives of a sharded step (uncalibrated round figures: no multi-GPU measurement yet)
-LINK_EFFICIENCY = 0.8  # the bus bandwidth NCCL's rings reach, over the link's
-COLLECTIVE_LATENCY = 20e-6  # seconds a collective call takes beyond moving its bytes
-
-
-def collective_seconds(gpu: GPUSpec, calls: int, bus_bytes: float, nodes: int) -> float | None:
-    """Predicted seconds of ``calls`` collectives moving ``bus_bytes`` per rank on a ring (NCCL's bus
-    bytes) over ``gpu``'s links: NVLink/PCIe (``interconnect``) within a node, ``network`` across
-    nodes; None where the spec has no bandwidth for that link."""
-    bandwidth = gpu.interconnect if nodes <= 1 else gpu.network
-    if bandwidth <= 0:
-        return None
-    return calls * COLLECTIVE_LATENCY + bus_bytes / (bandwidth * LINK_EFFICIENCY)

@@ -7,7 +7,8 @@ dtype of the math the GPU runs for it at its boost clock (tensor cores for ``bfl
 ``float16``/``float8``, for ``int8`` and for ``tf32``; CUDA cores for ``float32`` and
 ``float64``), ``sm_count`` its streaming multiprocessors, ``l2_bytes`` its L2 cache,
 ``boost_clock`` the SM clock (Hz) those peaks are quoted at and ``power`` the board's power
-limit (W), ``compute_capability`` what ``torch.cuda.get_device_capability`` returns (it decides
+limit (W), ``nvls`` whether its node's NVSwitches reduce (NVLink SHARP, for NCCL's NVLS
+all-reduce), ``compute_capability`` what ``torch.cuda.get_device_capability`` returns (it decides
 kernels: the attention backend, the cuBLAS workspace), and ``interconnect`` the GPU-to-GPU
 bandwidth per direction in bytes/s (NVLink, else PCIe) between the ``node_gpus`` GPUs of one
 node; ``network`` is each GPU's bandwidth to other nodes per direction, for the time of a
@@ -230,6 +231,7 @@ class GPUSpec:
     l2_bytes: int = 0  # 0: not known
     boost_clock: float = 0.0  # Hz; 0: not known
     power: float = 0.0  # W, the board's power limit; 0: not known
+    nvls: bool = False  # its node's NVSwitches reduce (NVLink SHARP): NCCL's NVLS all-reduce
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0 or self.bandwidth <= 0 or self.sm_count <= 0:
