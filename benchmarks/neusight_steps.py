@@ -62,7 +62,7 @@ def main() -> None:
     rows = []
     start = time.perf_counter()
     for directory in sorted(p for p in STEPS.iterdir() if p.is_dir() and p.name != "configs"):
-        gpu = GPU_NAMES[directory.name.replace("_", " ").replace("Tesla V100 PCIE 32GB", "Tesla V100-PCIE-32GB")]
+        gpu = GPU_NAMES[directory.name.replace("_", " ")]  # Tesla_V100-PCIE-32GB: the device's name
         for path in sorted(directory.glob("*.json")):
             model_name, mode, seq, batch = path.stem.rsplit("-", 3)
             train = mode == "train"
