@@ -142,7 +142,7 @@ def test_a_calibration_file_is_what_a_target_loads(tmp_path):
 
 
 GOOD = {
-    "format": 1,
+    "format": 2,
     "gpu": "a100-80gb",
     "source": "s",
     "efficiency": {"matmul": 0.7},
@@ -160,7 +160,8 @@ GOOD = {
         ({"gpu": "a200"}, r":3: 'gpu': expected a GPU of the table \(h100, "),
         ({"efficiency": {"matmul": -1}}, r":5: 'efficiency': expected an object of positive numbers"),
         ({"host_seconds": "fast"}, r":11: 'host_seconds': expected a positive number of seconds"),
-        ({"format": 2}, r":2: 'format': expected 1 \(a calibration file written by modelprof calibrate\)"),
+        ({"format": 3}, r":2: 'format': expected 2 \(a calibration file written by modelprof calibrate\)"),
+        ({"format": 1}, r":2: 'format': expected 2: this file is an older modelprof calibrate's, .* calibrate again"),
         ({"speed": 1}, r":13: 'speed': expected one of efficiency, format, "),
     ],
 )

@@ -376,9 +376,9 @@ def test_each_fsdp2_collective_is_attributed_to_the_module_it_serves():
 def _nccl_call_by_hand(kind: str, bus: float, ranks: int, nodes: int) -> float:
     """One collective on H100s as NCCL's tuning model prices it (latencies in us: a base per protocol, then a
     hop per step of the ring, NVLink within the node, the network between nodes), each protocol carrying its
-    share of the bus bandwidth: 370 GB/s over NVLink, 47.5 GB/s over a 400 Gb/s NIC; the fastest wins."""
+    share of the bus bandwidth: 370 GB/s over NVLink, 47.5 GB/s over each 400 Gb/s NIC; the fastest wins."""
     steps, crossings = ranks - 1, nodes - 1  # an all-gather or a reduce-scatter
-    bandwidth = 370e9 if nodes == 1 else 47.5e9
+    bandwidth = 370e9 if nodes == 1 else min(370e9, ranks // nodes * 47.5e9)  # the node's GPUs' NICs carry the crossings
     protocols = {  # base, NVLink hop, network hop, share of the bandwidth
         "LL": (6.6, 0.6, 2.7, 1 / 3 if nodes == 1 else 1 / 4),
         "LL128": (14.0, 1.9, 4.0, 0.92),

@@ -11,6 +11,8 @@ from torch import nn
 from benchmarks import neusight
 from pytest_modelprof import GPUS, profile
 from pytest_modelprof.engine.calibrate import KernelFit, fit_kernels
+from pytest_modelprof.engine.meters import Meter
+from pytest_modelprof.engine.meters.predicted import issuer
 from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
 from pytest_modelprof.engine.targets.cost import Work, kernel_seconds, rnn_kernels, rnn_recurrent_bytes
 from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction
@@ -122,7 +124,7 @@ GiB = 2**30
 
 def test_collectives_reach_the_published_bus_bandwidths_and_small_ones_their_latency():
     """nccl-tests' figures: ~370 GB/s of bus bandwidth for an all-gather over H100 NVLink, ~480 GB/s for its
-    NVLS all-reduce, 46-49 GB/s per 400 Gb/s NIC between nodes; an 8 KiB all-gather is NCCL's LL protocol's,
+    NVLS all-reduce, 46-49 GB/s per 400 Gb/s NIC between nodes (8 to a DGX node); an 8 KiB all-gather is NCCL's LL protocol's,
     6.6 us and 0.6 us a hop, at a third of the bandwidth."""
     h100, a100 = GPUS["h100"], GPUS["a100-80gb"]
 
@@ -131,7 +133,11 @@ def test_collectives_reach_the_published_bus_bandwidths_and_small_ones_their_lat
 
     assert bus_bandwidth(h100, "all_gather", 8, 1) == pytest.approx(370e9, rel=0.01)
     assert bus_bandwidth(h100, "all_reduce", 8, 1) == pytest.approx(480e9, rel=0.01)
-    assert bus_bandwidth(h100, "reduce_scatter", 16, 2) == pytest.approx(47.5e9, rel=0.01)
+    # across two nodes, NCCL's channels cross through all eight NICs of a node (380 GB/s): NVLink still bounds it;
+    # a group of one GPU per node crosses through one NIC
+    assert bus_bandwidth(h100, "reduce_scatter", 16, 2) == pytest.approx(370e9, rel=0.01)
+    assert bus_bandwidth(h100, "reduce_scatter", 2, 2) == pytest.approx(47.5e9, rel=0.01)
+    assert bus_bandwidth(GPUS["l4"], "all_gather", 16, 2) == pytest.approx(100e9 / 8 * 47.5 / 50, rel=0.01)  # one 100 Gb/s NIC a node
     assert bus_bandwidth(a100, "all_reduce", 8, 1) == pytest.approx(300e9 * 370 / 450, rel=0.01)  # no NVLS: a ring
     small = 8 * 1024
     assert call_seconds(h100, "all_gather", small, 8, 1) == pytest.approx((6.6 + 7 * 0.6) * 1e-6 + small / (370e9 / 3))
@@ -139,3 +145,37 @@ def test_collectives_reach_the_published_bus_bandwidths_and_small_ones_their_lat
     # the calls of a row are priced at their mean size
     assert collective_seconds(h100, "all_gather", 4, 4 * small, 8, 1) == pytest.approx(4 * call_seconds(h100, "all_gather", small, 8, 1))
     assert collective_seconds(dataclasses.replace(h100, interconnect=0.0), "all_gather", 1, small, 8, 1) is None
+
+
+def test_every_op_run_for_an_autograd_node_is_issued_by_the_engine_the_losss_backward_too():
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    issuers = {}
+
+    class Issuers(Meter):
+        def op(self, op):
+            tensors = [t for t in (*op.args, op.out) if isinstance(t, torch.Tensor)]
+            issuers.setdefault((op.phase, op.name), set()).add(issuer(op, tensors))
+
+    loss = nn.CrossEntropyLoss()
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    profile(model, x, train=True, loss_fn=lambda out: loss(out, y), meters=[Issuers()], flops=False, memory=False)
+    assert issuers[("loss", "aten.nll_loss_backward")] == {"engine"}  # run by the loss's node, in the backward pass
+    assert issuers[("forward", "aten.addmm")] == {"recorded"} and issuers[("backward", "aten.mm")] == {"engine"}
+
+
+def test_a_packed_sequence_steps_once_per_batch_size():
+    lstm = nn.LSTM(8, 16)
+    lengths = [5, 3, 2]
+    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(5, 3, 8), lengths)
+    assert list(packed.batch_sizes) == [3, 3, 2, 1, 1]  # 5 steps over 10 tokens
+    args = (packed.data, list(lstm._flat_weights), 4, None, torch.zeros(1, 3, 16), torch.zeros(1, 3, 16), 2, 16, 0, 1, False)
+    args = (*args, 0.0, True, False, list(packed.batch_sizes), None)
+    assert rnn_kernels("aten._cudnn_rnn", args) == 2 * 5
+    assert rnn_recurrent_bytes("aten._cudnn_rnn", args) == 4 * 16 * 16 * 4 * 4  # w_hh read again at the 4 steps after the first
+
+
+def test_figures_a_model_cannot_run_with_are_refused():
+    with pytest.raises(ValueError, match="power_exponent must be positive"):
+        Calibration(power_exponent=0.0)
+    with pytest.raises(ValueError, match="peak_flops must give a positive FLOP/s"):
+        dataclasses.replace(GPUS["h100"], peak_flops={})

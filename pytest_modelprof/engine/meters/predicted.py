@@ -116,9 +116,10 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
 
 
 def issuer(op: Op, tensors: list[torch.Tensor]) -> Issuer:
-    """Who issued ``op`` (:data:`~..targets.cost.Issuer`): the backward pass's ops come from autograd's engine;
-    the others from Python, recorded where grad mode is on and an input requires grad (read as it ran)."""
-    if op.phase == "backward":
+    """Who issued ``op`` (:data:`~..targets.cost.Issuer`): an op run for an autograd node (the backward pass,
+    the loss's included) comes from autograd's engine; the others from Python (a checkpoint's recompute too),
+    recorded where grad mode is on and an input requires grad (read as it ran)."""
+    if op.node is not None or op.phase == "backward":
         return "engine"
     return "recorded" if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) else "plain"
 

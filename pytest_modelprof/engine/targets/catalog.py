@@ -308,7 +308,9 @@ def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
 
 # ------------------------------------------------------------------ calibration files
 
-CALIBRATION_FORMAT = 1
+# 2: kernel_seconds is added to each kernel's work (1: a floor under it), host_seconds is a recorded op's, products
+# are priced in tiles (tile_cost, gemm_half's k and k_simt), products on CUDA cores have efficiencies of their own
+CALIBRATION_FORMAT = 2
 _FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")
 _OPTIONAL = {"power_exponent": 1.0}  # figures a calibration file may leave out: their defaults
 _TABLES = ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth")
@@ -343,6 +345,11 @@ def load_calibration(path: str | os.PathLike[str]) -> GPUSpec:
 
     if not isinstance(document, dict):
         raise ValueError(f"{path}:1: expected a JSON object of calibration figures")
+    if document.get("format") == 1:
+        raise fail(
+            "format",
+            f"{CALIBRATION_FORMAT}: this file is an older modelprof calibrate's, whose figures the model now reads otherwise; calibrate again",
+        )
     if document.get("format") != CALIBRATION_FORMAT:
         raise fail("format", f"{CALIBRATION_FORMAT} (a calibration file written by modelprof calibrate)")
     known = {"format", "gpu", "measured_on", "source", *_TABLES, *_FIGURES, *_OPTIONAL}

@@ -5,7 +5,8 @@ NCCL runs each collective by the algorithm and protocol its tuning model predict
 
 - **algorithms**: a *ring* (every collective: ``2(n-1)`` steps for an all-reduce, ``n-1`` for an all-gather
   or a reduce-scatter, each step a hop to the next rank, over NVLink or PCIe within a node and over the
-  network between nodes); a *tree* for an all-reduce across nodes (``log2`` of the nodes in hops over the
+  network between nodes, NCCL's channels spreading the crossings over the NICs of the group's GPUs on a node,
+  ``network`` each); a *tree* for an all-reduce across nodes (``log2`` of the nodes in hops over the
   network, up and down); *NVLS* for an all-reduce within a node whose NVSwitches reduce (NVLink SHARP:
   the H100, H200 and B200 SXM boards), at a bus bandwidth above the link's;
 - **protocols**: *LL* (8-byte stores with a flag: the least latency, a quarter of the bandwidth, a third
@@ -69,7 +70,7 @@ def _share(kind: str, protocol: str, nodes: int) -> float:
 def _steps(kind: str, ranks: int) -> int:
     if kind == "all_reduce":
         return 2 * (ranks - 1)
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+    if kind in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return ranks - 1
     return 1  # a broadcast, reduce, send or receive: pipelined along the ring, one hop's latency
 
@@ -82,8 +83,9 @@ def call_seconds(gpu: GPUSpec, kind: str, bus_bytes: float, ranks: int, nodes: i
         return 0.0
     intra = "nvlink" if gpu.interconnect > NVLINK_SPEED else "pcie"
     ring = gpu.interconnect * RING_EFFICIENCY
-    if nodes > 1:
-        ring = min(ring, gpu.network * NETWORK_EFFICIENCY)
+    if nodes > 1:  # the ring's channels cross between nodes through the NICs of the group's GPUs on each node
+        per_node = min(max(1, ranks // nodes), gpu.node_gpus)
+        ring = min(ring, gpu.network * per_node * NETWORK_EFFICIENCY)
     if ring <= 0:
         return None
     options = [("ring", protocol, ring) for protocol in PROTOCOLS if protocol != "LL128" or intra == "nvlink"]

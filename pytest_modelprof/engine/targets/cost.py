@@ -211,10 +211,15 @@ def rnn_kernels(name: str, args: tuple[object, ...]) -> int:
 
 
 def _rnn_steps(name: str, args: tuple[object, ...]) -> int:
+    """A cuDNN recurrent op's time steps: a packed sequence's batch sizes (one per step), else its input's."""
     x = args[0]
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         return 1
-    batch_first = args[14 if name.endswith("_backward") else 10]
+    backward = name.endswith("_backward")
+    batch_sizes = argument(args, 18 if backward else 14)
+    if isinstance(batch_sizes, (list, tuple)) and batch_sizes:
+        return len(batch_sizes)
+    batch_first = args[14 if backward else 10]
     return int(x.shape[1] if batch_first and x.dim() == 3 else x.shape[0])
 
 

@@ -86,6 +86,8 @@ class Calibration:
         return self.host_seconds * HOST_RATIO.get(issuer, 1.0)
 
     def __post_init__(self) -> None:
+        if not self.power_exponent > 0:
+            raise ValueError(f"Calibration: power_exponent must be positive, got {self.power_exponent!r}")
         for name in ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
@@ -236,6 +238,8 @@ class GPUSpec:
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0 or self.bandwidth <= 0 or self.sm_count <= 0:
             raise ValueError(f"GPUSpec {self.name!r}: memory_bytes, bandwidth and sm_count must be positive")
+        if not self.peak_flops or not all(flops > 0 for flops in self.peak_flops.values()):
+            raise ValueError(f"GPUSpec {self.name!r}: peak_flops must give a positive FLOP/s for at least one dtype")
         if self.l2_bytes < 0 or self.boost_clock < 0 or self.power < 0:
             raise ValueError(f"GPUSpec {self.name!r}: l2_bytes, boost_clock and power must not be negative")
         if self.node_gpus < 1 or self.interconnect < 0 or self.network < 0:

@@ -4,7 +4,7 @@ A library's product (cuBLAS, cuDNN's implicit products) splits its output into t
 one tile at a time. The library picks, of the tile sizes its kernels come in (:data:`TENSOR_TILES`,
 :data:`SIMT_TILES`: their names say them, ``sm90_xmma_gemm_..._128x256``, ``ampere_sgemm_128x64_tn``), the
 one that finishes first; where too few tiles would fill the SMs and the reduction is long, it also splits the
-reduction (split-K: the splits' partial sums are added after). What that choice costs:
+reduction (split-K: the splits' partial sums are added after, a pass not priced here). What that choice costs:
 
 - **waves**: the tiles run in waves of one per SM; the last wave's idle SMs, and the part of each edge tile
   past the output's edge, are work the GPU does for nothing (wave and tile quantisation);
