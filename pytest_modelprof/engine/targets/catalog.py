@@ -346,10 +346,8 @@ def load_calibration(path: str | os.PathLike[str]) -> GPUSpec:
     if not isinstance(document, dict):
         raise ValueError(f"{path}:1: expected a JSON object of calibration figures")
     if document.get("format") == 1:
-        raise fail(
-            "format",
-            f"{CALIBRATION_FORMAT}: this file is an older modelprof calibrate's, whose figures the model now reads otherwise; calibrate again",
-        )
+        older = "this file is an older modelprof calibrate's, whose figures the model now reads otherwise; calibrate again"
+        raise fail("format", f"{CALIBRATION_FORMAT}: {older}")
     if document.get("format") != CALIBRATION_FORMAT:
         raise fail("format", f"{CALIBRATION_FORMAT} (a calibration file written by modelprof calibrate)")
     known = {"format", "gpu", "measured_on", "source", *_TABLES, *_FIGURES, *_OPTIONAL}
