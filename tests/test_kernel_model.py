@@ -179,3 +179,12 @@ def test_figures_a_model_cannot_run_with_are_refused():
         Calibration(power_exponent=0.0)
     with pytest.raises(ValueError, match="peak_flops must give a positive FLOP/s"):
         dataclasses.replace(GPUS["h100"], peak_flops={})
+
+
+def test_a_small_all_reduce_across_many_nodes_goes_up_and_down_a_tree_by_hand():
+    """512 H100s on 64 nodes, 8 KiB: a ring's 1022 steps (126 of them between nodes) cost 884 us of LL
+    latency; a tree's LL costs 6.8 us and, up and down, 7 NVLink hops of 0.6 and log2(64) = 6 network hops of
+    5.0: 75.2 us, at a quarter of 90% of the ring's bandwidth (370 GB/s: NVLink bounds the nodes' 8 NICs)."""
+    small = 8 * 1024
+    tree = (6.8 + 2 * (7 * 0.6 + 6 * 5.0)) * 1e-6 + small / (0.9 * 370e9 / 4)
+    assert call_seconds(GPUS["h100"], "all_reduce", small, 512, 64) == pytest.approx(tree)
