@@ -611,6 +611,8 @@ _ENGINE_ROWS = [
     ("targets/cost.py", "predicted-time meter (meters/predicted.py, targets/cost.py)"),
     ("targets/gpus.py", "predicted-time meter (meters/predicted.py, targets/cost.py)"),
     ("targets/catalog.py", "predicted-time meter (meters/predicted.py, targets/cost.py)"),
+    ("targets/products.py", "predicted-time meter (meters/predicted.py, targets/cost.py)"),
+    ("targets/collectives.py", "predicted-time meter (meters/predicted.py, targets/cost.py)"),
     ("formulas/registry.py", "formula evaluation (cost_of, formulas/*.py)"),
     ("formulas/", "formula evaluation (cost_of, formulas/*.py)"),
     ("ops/", "op registry (ops/)"),
