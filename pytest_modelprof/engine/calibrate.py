@@ -25,7 +25,7 @@ import dataclasses
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
@@ -269,16 +269,23 @@ class KernelFit(NamedTuple):
 OVERHEAD_BOUNDS = (1e-7, 2e-4)
 
 
-def _fit_kernel_model(calibration: Calibration, steps: Sequence[tuple[GPUSpec, list[Work], float]], timed: Sequence[Timed]) -> KernelFit:
+def _matched(steps: Iterable[tuple[GPUSpec, Observed]]) -> list[tuple[GPUSpec, list[Work], float]]:
+    """Each measured operator of the steps that an op of their analytic runs matched: its GPU, works, seconds."""
+    return [(gpu, works, seconds) for gpu, o in steps for works, seconds in o.matched.values() if seconds > 0]
+
+
+def _fit_kernel_model(start: Calibration | None, steps: Sequence[tuple[GPUSpec, list[Work], float]], timed: Sequence[Timed]) -> KernelFit:
     """The kernel model's constants that best predict the kernels of measured steps (each operator's works
     on its GPU and measured seconds, weighted by its time) and kernels timed on their own (every one alike,
     with a fixed cost per class fitted beside), each set weighing as much as the other: least squares of
-    the log ratio, in log space."""
+    the log ratio, in log space, from ``start`` (by default, figures that make every kernel slow)."""
+    kinds = {w.kind for _, works, _ in steps for w in works} | {work.kind for _, work, _, _ in timed}
+    calibration = start or _slow_start(kinds)
     used = kernel_parameters([*((gpu, w) for gpu, works, _ in steps for w in works), *((gpu, work) for gpu, work, _, _ in timed)])
     classes = sorted({kind for _, _, kind, _ in timed})
     low = [math.log(_bounds(p)[0]) for p in used] + [math.log(OVERHEAD_BOUNDS[0])] * len(classes)
     high = [math.log(_bounds(p)[1]) for p in used] + [math.log(OVERHEAD_BOUNDS[1])] * len(classes)
-    start = [math.log(_get(calibration, p)) for p in used] + [math.log(1e-5)] * len(classes)
+    origin = [math.log(_get(calibration, p)) for p in used] + [math.log(1e-5)] * len(classes)
     step_weight = 1 / math.sqrt(sum(seconds for _, _, seconds in steps) or 1.0)
     timed_weight = 1 / math.sqrt(len(timed) or 1)
 
@@ -295,7 +302,7 @@ def _fit_kernel_model(calibration: Calibration, steps: Sequence[tuple[GPUSpec, l
         out += [timed_weight * math.log(model.seconds(gpu, work, kind) / seconds) for gpu, work, kind, seconds in timed]
         return out
 
-    return at(least_squares(residuals, start, low, high))
+    return at(least_squares(residuals, origin, low, high))
 
 
 def fit(
@@ -308,12 +315,10 @@ def fit(
     """The calibration that best predicts ``observed`` steps on ``gpu`` (see the module's notes), and with
     them ``timed`` kernels (timed on their own, on any GPU: :func:`fit_kernels`), starting from ``start``
     (by default, figures that make every kernel slow)."""
-    matched = [(gpu, works, seconds) for o in observed for works, seconds in o.matched.values() if seconds > 0]
-    timed = _usable(timed)
+    matched = _matched((gpu, o) for o in observed)
     if not matched:
         raise ValueError("no measured operator matches an op of the analytic runs: nothing to fit the kernel model to")
-    kinds = {w.kind for _, works, _ in matched for w in works} | {work.kind for _, work, _, _ in timed}
-    calibration = _fit_kernel_model(start or _slow_start(kinds), matched, timed).calibration
+    calibration = _fit_kernel_model(start, matched, _usable(timed)).calibration
 
     def steps(candidate: Calibration) -> list[float]:
         return [math.log(step_seconds(gpu, o, candidate) / o.step_seconds) for o in observed]
@@ -334,11 +339,10 @@ def fit_kernels(timed: Sequence[Timed], steps: Sequence[tuple[GPUSpec, Observed]
     a fixed cost per class (fitted too); the least squares of the log ratio, every kernel alike. With
     ``steps`` (steps measured on a GPU), their kernels too, as :func:`fit` weighs them."""
     timed = _usable(timed)
-    matched = [(gpu, works, seconds) for gpu, o in steps for works, seconds in o.matched.values() if seconds > 0]
+    matched = _matched(steps)
     if not timed and not matched:
         raise ValueError("no timed kernel to fit the kernel model to")
-    kinds = {work.kind for _, work, _, _ in timed} | {w.kind for _, works, _ in matched for w in works}
-    fitted = _fit_kernel_model(start or _slow_start(kinds), matched, timed)
+    fitted = _fit_kernel_model(start, matched, timed)
     gpus = sorted({gpu.name for gpu, _, _, _ in timed} | {gpu.name for gpu, _ in steps})
     source = f"fitted on {len(timed)} kernels timed on their own and {len(steps)} steps, on {', '.join(gpus)}"
     return fitted._replace(calibration=dataclasses.replace(fitted.calibration, calibrated=True, source=source))

@@ -111,8 +111,7 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
         nbytes += rnn_recurrent_bytes(op.name, op.args)
     passes, reductions = norm_work(op.name, op.args) if kind in ("norm", "norm_backward") else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
-    tf32 = tf32_allowed(kind) if kind in COMPUTE_KINDS else False
-    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, issuer(op, tensors), tf32)
+    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, issuer(op, tensors), tf32_allowed(kind))
 
 
 def issuer(op: Op, tensors: list[torch.Tensor]) -> Issuer:

@@ -94,14 +94,14 @@ def call_seconds(gpu: GPUSpec, kind: str, bus_bytes: float, ranks: int, nodes: i
     if kind == "all_reduce" and nodes == 1 and gpu.nvls:
         options.append(("nvls", "Simple", gpu.interconnect * NVLS_SPEEDUP))
     return min(
-        _latency(gpu, algorithm, protocol, kind, ranks, nodes) * 1e-6 + bus_bytes / (bandwidth * _share(kind, protocol, nodes))
+        _latency(intra, algorithm, protocol, kind, ranks, nodes) * 1e-6 + bus_bytes / (bandwidth * _share(kind, protocol, nodes))
         for algorithm, protocol, bandwidth in options
     )
 
 
-def _latency(gpu: GPUSpec, algorithm: str, protocol: str, kind: str, ranks: int, nodes: int) -> float:
-    """Microseconds a collective takes before its bytes: the base and its hops."""
-    intra = "nvlink" if gpu.interconnect > NVLINK_SPEED else "pcie"
+def _latency(intra: str, algorithm: str, protocol: str, kind: str, ranks: int, nodes: int) -> float:
+    """Microseconds a collective takes before its bytes: the base and its hops (``intra``: the link within a
+    node, ``"nvlink"`` or ``"pcie"``)."""
     base = BASE_LATENCY[algorithm][protocol]
     if algorithm == "nvls":
         return base + HOP_LATENCY["nvlink"]["nvls"]["Simple"]
