@@ -5,6 +5,7 @@ parallel MLP's FLOPs and all-reduce. Real (CPU tensors) and analytic (meta, no m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -516,3 +517,87 @@ def test_hybrid_sharding_reduce_scatters_within_a_replica_and_all_reduces_across
     by_kind = {kind: total(result.collectives, kind)[:2] for kind in ("all_gather", "reduce_scatter", "all_reduce")}
     assert by_kind == {"all_gather": (2 * LAYERS, 2 * P), "reduce_scatter": (LAYERS, P), "all_reduce": (LAYERS, P // shards)}
     assert {c.kind: c.group_size for c in result.collectives} == {"all_gather": shards, "reduce_scatter": shards, "all_reduce": replicas}
+
+
+# -- an elementwise optimizer's step on the local shards (distributed.on_local_shards) -------------------------
+
+
+def _figures(result) -> dict:
+    """Every figure of a profile but its timings."""
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if "seconds" not in k or "predicted" in k}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(result.to_dict())
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.AdamW(p), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)], ids=["adamw", "sgd"])
+def test_a_sharded_step_s_optimizer_runs_on_the_local_shards_with_the_figures_of_its_dtensor_step(make, monkeypatch):
+    from pytest_modelprof.engine import distributed
+
+    swapped = []
+    swaps = distributed._swaps
+    monkeypatch.setattr(distributed, "_swaps", lambda optimizer: swapped.append(len(swaps(optimizer))) or swaps(optimizer))
+    model = stack()
+    x = torch.randn(BATCH, WIDTH)
+    on_shards = profile(
+        model, x, train=True, optimizer=make(model.parameters()), world_size=WORLD, parallelize=fsdp, device="meta", target="h100"
+    )
+    assert swapped == [2 * LAYERS, 2 * LAYERS]  # the first step's and the metered step's, each over every parameter
+    monkeypatch.setattr(distributed, "_swaps", lambda optimizer: [])
+    as_dtensors = profile(
+        model, x, train=True, optimizer=make(model.parameters()), world_size=WORLD, parallelize=fsdp, device="meta", target="h100"
+    )
+    assert _figures(on_shards) == _figures(as_dtensors)
+
+
+def test_the_step_on_the_local_shards_updates_each_shard_as_the_dtensor_step_does():
+    from torch.distributed.tensor import DTensor, Shard
+
+    from pytest_modelprof.engine.distributed import Parallel, fake_world, on_local_shards
+
+    def sharded(values):
+        return [nn.Parameter(DTensor.from_local(v.clone(), mesh, [Shard(0)], run_check=False)) for v in values]
+
+    torch.manual_seed(0)
+    values = [torch.randn(8, 3), torch.randn(5)]
+    grads = [[torch.randn_like(v) for v in values] for _ in range(2)]
+    with fake_world(Parallel(WORLD, fsdp, 0, (WORLD,))) as mesh:
+        results = []
+        for local in (False, True):
+            params = sharded(values)
+            optimizer = torch.optim.AdamW(params, lr=0.1, weight_decay=0.1)
+            for step in grads:
+                for p, g in zip(params, step):
+                    p.grad = DTensor.from_local(g.clone(), mesh, [Shard(0)], run_check=False)
+                with on_local_shards(optimizer) if local else contextlib.nullcontext():
+                    optimizer.step()
+            state = optimizer.state[params[0]]
+            assert isinstance(state["exp_avg"], DTensor) and state["exp_avg"].placements == (Shard(0),)
+            assert all(isinstance(p, DTensor) for p in optimizer.param_groups[0]["params"])
+            results.append([p.to_local().clone() for p in params] + [state["exp_avg_sq"].to_local().clone()])
+    for through_dtensor, on_shards in zip(*results):
+        torch.testing.assert_close(on_shards, through_dtensor, rtol=0, atol=0)
+
+
+def test_an_optimizer_not_known_to_be_elementwise_steps_through_dtensor():
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from pytest_modelprof.engine.distributed import Parallel, _swaps, fake_world
+
+    class Clipped(torch.optim.SGD):  # a subclass may reduce over a parameter (a norm): not swapped
+        pass
+
+    with fake_world(Parallel(WORLD, fsdp, 0, (WORLD,))) as mesh:
+        p = nn.Parameter(DTensor.from_local(torch.randn(4, 2), mesh, [Shard(0)], run_check=False))
+        p.grad = DTensor.from_local(torch.randn(4, 2), mesh, [Shard(0)], run_check=False)
+        assert len(_swaps(torch.optim.SGD([p], lr=0.1))) == 1
+        assert _swaps(Clipped([p], lr=0.1)) == []
+        plain = nn.Parameter(torch.randn(3))
+        assert _swaps(torch.optim.SGD([p, plain], lr=0.1)) == []  # a group that mixes DTensors and plain tensors
+        p.grad = DTensor.from_local(torch.randn(4 * WORLD, 2), mesh, [Replicate()], run_check=False)
+        assert _swaps(torch.optim.SGD([p], lr=0.1)) == []  # a gradient sharded otherwise: DTensor redistributes it

@@ -32,7 +32,7 @@ from .analytic.fake import RunTensors, choose_mode, run_tensors, tensors_in
 from .analytic.inputs import Inputs
 from .analytic.modes import Deciders, analytic_modes, attributes_kept
 from .analytic.values import unknown_value_hint
-from .distributed import Parallel, wait_for
+from .distributed import Parallel, on_local_shards, wait_for
 from .errors import ProfileError
 from .observe.modules import ModuleTracker
 from .targets.catalog import gpu_spec
@@ -210,7 +210,9 @@ class Workload:
                 self.model.train(self.train)
             run = Run(self, tensors, deciders)
             if self.parallel is not None:
-                # a steady step: FSDP2 sets itself up in the first one, and the optimizer makes its state;
+                # a steady step: FSDP2 sets itself up in the first one (it also keeps what its forward passes
+                # recorded until a backward pass ends: a forward pass alone would not do), DDP orders its buckets
+                # by the first backward pass, and the optimizer makes its state (on the shards: on_local_shards);
                 # an input the step changes (a cache that grows) is as it was for the next
                 restore = run.inputs_kept()
                 run.step()
@@ -338,7 +340,8 @@ class Run:
         if region is not None:
             region("optimizer")
         try:
-            optimizer.step()
+            with on_local_shards(optimizer):
+                optimizer.step()
             optimizer.zero_grad(set_to_none=workload.set_to_none)
         except ProfileError:
             raise
