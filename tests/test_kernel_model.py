@@ -15,7 +15,7 @@ from pytest_modelprof.engine.meters import Meter
 from pytest_modelprof.engine.meters.predicted import issuer
 from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
 from pytest_modelprof.engine.targets.cost import Work, kernel_seconds, rnn_kernels, rnn_recurrent_bytes
-from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction
+from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction, simt_integer_factor
 from pytest_modelprof.engine.targets.products import Gemm
 
 LOW_POWER = {"t4", "p4", "l4"}  # the 70-75 W cards
@@ -50,6 +50,24 @@ def test_a_power_capped_gpu_runs_its_math_at_the_clock_its_limit_holds_by_hand()
     work = Work("aten.mm", "matmul", 2 * 4096**3, 0, torch.float32, 1, (Gemm(4096, 4096, 4096),))
     unlimited = dataclasses.replace(t4, power=0.0)
     assert kernel_seconds(t4, calibration, work)[0] == pytest.approx(kernel_seconds(unlimited, calibration, work)[0] / share)
+
+
+def test_where_integers_run_on_fp32_lanes_a_simt_product_loses_lanes_to_its_address_arithmetic():
+    """Pascal has no integer lanes, GA10x and Ada run integers on half their FP32 lanes; Volta, Turing, GA100
+    and Hopper have integer lanes of their own. With ``simt_integer`` integer instructions per FMA, a product on
+    the CUDA cores of the first runs its FMAs at 1 / (1 + simt_integer) of the peak, of the others at all of it;
+    on TF32's tensor cores, at neither."""
+    assert [simt_integer_factor(GPUS[n], Calibration(simt_integer=0.3)) for n in ("p100", "p4", "l4", "rtx4090")] == [
+        pytest.approx(1 / 1.3)
+    ] * 4
+    assert [simt_integer_factor(GPUS[n], Calibration(simt_integer=0.3)) for n in ("v100", "t4", "a100-80gb", "h100", "b200")] == [1.0] * 5
+    work = Work("aten.mm", "matmul", 2 * 4096**3, 0, torch.float32, 1, (Gemm(4096, 4096, 4096),))
+    more, less = Calibration(simt_integer=0.5, kernel_seconds=0.0), Calibration(simt_integer=0.25, kernel_seconds=0.0)
+    l4, h100 = GPUS["l4"], GPUS["h100"]
+    assert kernel_seconds(l4, more, work)[0] == pytest.approx(kernel_seconds(l4, less, work)[0] * 1.5 / 1.25)
+    assert kernel_seconds(h100, more, work)[0] == pytest.approx(kernel_seconds(h100, less, work)[0])
+    tf32 = work._replace(tf32=True)
+    assert kernel_seconds(l4, more, tf32)[0] == pytest.approx(kernel_seconds(l4, less, tf32)[0])
 
 
 class MatMul(nn.Module):
@@ -177,6 +195,8 @@ def test_a_packed_sequence_steps_once_per_batch_size():
 def test_figures_a_model_cannot_run_with_are_refused():
     with pytest.raises(ValueError, match="power_exponent must be positive"):
         Calibration(power_exponent=0.0)
+    with pytest.raises(ValueError, match="simt_integer must be zero or more"):
+        Calibration(simt_integer=-0.1)
     with pytest.raises(ValueError, match="peak_flops must give a positive FLOP/s"):
         dataclasses.replace(GPUS["h100"], peak_flops={})
 

@@ -282,7 +282,7 @@ def test_an_h100_step_reserves_what_the_record_reserved(name):
 
 
 def test_the_shipped_calibration_predicts_the_recorded_h100_steps_as_the_docs_say():
-    # docs/targets.md: "with the shipped fit, median error 3.7%, worst 8.5%": each step's predicted time
+    # docs/targets.md: "with the shipped fit, median error 3.7%, worst 8.6%": each step's predicted time
     # against its median measured one (20 steps timed with CUDA events), to the rounding of those figures
     errors = {
         name: abs(h100_step(name)[0].predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
@@ -290,7 +290,7 @@ def test_the_shipped_calibration_predicts_the_recorded_h100_steps_as_the_docs_sa
     }
     assert len(errors) == 9
     assert statistics.median(errors.values()) < 0.0375
-    assert max(errors.values()) < 0.0855, errors
+    assert max(errors.values()) < 0.0865, errors
 
 
 def test_a_cpu_tensor_made_inside_the_model_is_explained_on_a_target():

@@ -36,7 +36,7 @@ from .formulas import FormulaTable
 from .meters import Meter, Op
 from .meters.predicted import op_features
 from .targets.cost import COMPUTE_KINDS, MATH_OF, StepClock, Work, kernel_seconds, math_unit
-from .targets.gpus import Calibration, GPUSpec, clock_fraction
+from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
 
@@ -123,6 +123,7 @@ BOUNDS = {
     "reduction_bandwidth": (1e9, 1e12),
     "kernel_seconds": (1e-6, 2e-5),
     "power_exponent": (1.0, 3.0),
+    "simt_integer": (0.01, 1.0),
     "host_seconds": (1e-6, 1e-4),
     "view_seconds": (1e-7, 5e-5),
 }
@@ -153,6 +154,13 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
     parameters.update(("efficiency", name) for name in efficiencies)
     if any(work.kind in COMPUTE_KINDS and clock_fraction(gpu) < 1 for gpu, work in works):
         parameters.add(("power_exponent", None))
+    if any(
+        work.kind in COMPUTE_KINDS
+        and simt_integer_factor(gpu, UNCALIBRATED) < 1
+        and not math_unit(gpu, work.kind, MATH_OF.get(work.name, work.dtype), work.tf32)[1]
+        for gpu, work in works
+    ):
+        parameters.add(("simt_integer", None))
     return sorted(parameters, key=lambda p: (p[0], p[1] or ""))
 
 

@@ -312,7 +312,7 @@ def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
 # are priced in tiles (tile_cost, gemm_half's k and k_simt), products on CUDA cores have efficiencies of their own
 CALIBRATION_FORMAT = 2
 _FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")
-_OPTIONAL = {"power_exponent": 1.0}  # figures a calibration file may leave out: their defaults
+_OPTIONAL = {"power_exponent": 1.0, "simt_integer": 0.25}  # figures a calibration file may leave out: their defaults
 _TABLES = ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth")
 
 

@@ -43,7 +43,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from ..ops import REGISTRY
-from .gpus import Calibration, GPUSpec, clock_fraction
+from .gpus import Calibration, GPUSpec, clock_fraction, simt_integer_factor
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
 
 Kind = Literal[
@@ -174,6 +174,8 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         peak, tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)
         unit_efficiency = efficiency.get(kind if tensor_cores else f"{kind}_simt", efficiency.get(kind, 1.0))
         peak *= clock_fraction(gpu, duty, calibration.power_exponent) * unit_efficiency
+        if not tensor_cores:  # the loop's integer instructions may take FP32 lanes from the FMAs
+            peak *= simt_integer_factor(gpu, calibration)
         if work.gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
             sms, split = gpu.sm_count, kind in LIBRARY_KINDS
             compute = sum(product_seconds(g, work.flops * g.share, peak, sms, calibration, tensor_cores, split) for g in work.gemms)

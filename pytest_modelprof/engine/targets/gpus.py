@@ -75,6 +75,7 @@ class Calibration:
     reduction_bandwidth: Mapping[str, float] = field(default_factory=dict, hash=False)
     tile_cost: Mapping[str, float] = field(default_factory=lambda: {"tensor": 16.0, "simt": 16.0}, hash=False)
     power_exponent: float = 1.0  # how a GPU's power grows with its clock (see :func:`clock_fraction`)
+    simt_integer: float = 0.25  # integer instructions a product on CUDA cores runs per FMA (see :func:`simt_integer_factor`)
     kernel_seconds: float = 3e-6  # a kernel's fixed time beside its work: its start, ramp and tail
     host_seconds: float = 6e-6  # the host's time to issue one op with a kernel from Python, autograd recording it
     view_seconds: float = 1.5e-6  # ... one without a kernel (a view, an allocation)
@@ -88,6 +89,8 @@ class Calibration:
     def __post_init__(self) -> None:
         if not self.power_exponent > 0:
             raise ValueError(f"Calibration: power_exponent must be positive, got {self.power_exponent!r}")
+        if not self.simt_integer >= 0:
+            raise ValueError(f"Calibration: simt_integer must be zero or more, got {self.simt_integer!r}")
         for name in ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
@@ -102,26 +105,27 @@ UNCALIBRATED = Calibration()
 # (no fp32 convolution's backward pass without TF32 was measured): a round figure.
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.9326,
-        "conv": 0.3673,
-        "conv_backward": 0.2363,
-        "conv_narrow": 0.2614,
-        "conv_narrow_backward": 0.08446,
-        "attention": 0.6564,
-        "rnn": 0.3247,
-        "norm": 0.8287,
-        "norm_backward": 0.7231,
-        "memory": 0.835,
-        "matmul_simt": 0.9193,
-        "conv_simt": 1.743,
+        "matmul": 0.908,
+        "conv": 0.3575,
+        "conv_backward": 0.23,
+        "conv_narrow": 0.2615,
+        "conv_narrow_backward": 0.08447,
+        "attention": 0.6385,
+        "rnn": 0.3166,
+        "norm": 0.8292,
+        "norm_backward": 0.7238,
+        "memory": 0.8354,
+        "matmul_simt": 0.8241,
+        "conv_simt": 1.564,
         "conv_backward_simt": 0.3,
         "cuda_cores": 0.3959,
     },
-    gemm_half={"k": 161.8, "k_simt": 11.92},
-    tile_cost={"tensor": 2.327, "simt": 16.04},
-    reduction_bandwidth={"norm": 21.49e9, "norm_backward": 13.57e9},
-    power_exponent=1.315,
-    kernel_seconds=2.905e-6,
+    gemm_half={"k": 161.6, "k_simt": 11.85},
+    tile_cost={"tensor": 2.289, "simt": 15.36},
+    reduction_bandwidth={"norm": 21.5e9, "norm_backward": 13.57e9},
+    power_exponent=1.217,
+    simt_integer=0.2861,
+    kernel_seconds=2.927e-6,
     host_seconds=15.54e-6,
     view_seconds=13.96e-6,
     calibrated=True,
@@ -142,7 +146,11 @@ class Architecture:
     its blocks opt in to about 100 KiB, not 164-228 KiB, so the memory-efficient attention backward
     kernels that need more are not offered; ``cublas_workspace_bytes``: torch's default cuBLAS workspace
     on it; ``flops_per_watt``: the float32 FLOP/s per watt of board power its GPUs sustain under dense
-    math (0: not known), which sets how far a GPU of a low power limit clocks down (:func:`clock_fraction`)."""
+    math (0: not known), which sets how far a GPU of a low power limit clocks down (:func:`clock_fraction`);
+    ``integer_on_fp32_lanes``: its integer instructions run on FP32 lanes (Pascal's have no integer lanes
+    of their own; half of GA10x's and Ada's FP32 lanes run integers too; Volta, Turing, GA100 and Hopper have
+    separate integer lanes: the architecture whitepapers), so a product on CUDA cores loses FMA lanes to its
+    address arithmetic (:func:`simt_integer_factor`)."""
 
     shared_memory_per_block: int
     threads_per_sm: int
@@ -150,6 +158,7 @@ class Architecture:
     small_shared_memory: bool = False
     cublas_workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE
     flops_per_watt: float = 0.0
+    integer_on_fp32_lanes: bool = False
 
 
 # by compute capability; a new architecture is one row. ``flops_per_watt`` is the float32 peak per watt of
@@ -159,10 +168,20 @@ T = 1e12
 ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
     {
         (6, 0): Architecture(  # Pascal GP100, 16 nm: Tesla P100 PCIe 9.3 TFLOP/s at 250 W
-            shared_memory_per_block=49152, threads_per_sm=2048, blocks_per_sm=32, small_shared_memory=True, flops_per_watt=9.3 * T / 250
+            shared_memory_per_block=49152,
+            threads_per_sm=2048,
+            blocks_per_sm=32,
+            small_shared_memory=True,
+            flops_per_watt=9.3 * T / 250,
+            integer_on_fp32_lanes=True,
         ),
         (6, 1): Architecture(  # Pascal GP102/GP104, 16 nm: Tesla P40 12 TFLOP/s at 250 W
-            shared_memory_per_block=49152, threads_per_sm=2048, blocks_per_sm=32, small_shared_memory=True, flops_per_watt=12 * T / 250
+            shared_memory_per_block=49152,
+            threads_per_sm=2048,
+            blocks_per_sm=32,
+            small_shared_memory=True,
+            flops_per_watt=12 * T / 250,
+            integer_on_fp32_lanes=True,
         ),
         (7, 0): Architecture(  # Volta, 12 nm: Tesla V100 PCIe 14 TFLOP/s at 250 W
             shared_memory_per_block=98304, threads_per_sm=2048, blocks_per_sm=32, flops_per_watt=14 * T / 250
@@ -173,10 +192,17 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
         (8, 0): Architecture(  # Ampere GA100, 7 nm: A100 PCIe 40GB 19.5 TFLOP/s at 250 W
             shared_memory_per_block=166912, threads_per_sm=2048, blocks_per_sm=32, flops_per_watt=19.5 * T / 250
         ),
-        (8, 6): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=16, small_shared_memory=True),
-        (8, 7): Architecture(shared_memory_per_block=166912, threads_per_sm=1536, blocks_per_sm=16),
+        (8, 6): Architecture(
+            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=16, small_shared_memory=True, integer_on_fp32_lanes=True
+        ),
+        (8, 7): Architecture(shared_memory_per_block=166912, threads_per_sm=1536, blocks_per_sm=16, integer_on_fp32_lanes=True),
         (8, 9): Architecture(  # Ada, 4 nm: L40S 91.6 TFLOP/s at 350 W
-            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=24, small_shared_memory=True, flops_per_watt=91.6 * T / 350
+            shared_memory_per_block=101376,
+            threads_per_sm=1536,
+            blocks_per_sm=24,
+            small_shared_memory=True,
+            flops_per_watt=91.6 * T / 350,
+            integer_on_fp32_lanes=True,
         ),
         (9, 0): Architecture(  # Hopper, 4 nm: H100 PCIe 51.2 TFLOP/s at 350 W
             shared_memory_per_block=232448,
@@ -186,8 +212,12 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             flops_per_watt=51.2 * T / 350,
         ),
         (10, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32),
-        (12, 0): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True),
-        (12, 1): Architecture(shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True),
+        (12, 0): Architecture(
+            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True, integer_on_fp32_lanes=True
+        ),
+        (12, 1): Architecture(
+            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True, integer_on_fp32_lanes=True
+        ),
     }
 )
 
@@ -247,6 +277,15 @@ class GPUSpec:
         if len(self.compute_capability) != 2:
             raise ValueError(f"GPUSpec {self.name!r}: compute_capability is (major, minor), got {self.compute_capability!r}")
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+
+
+def simt_integer_factor(gpu: GPUSpec, calibration: Calibration) -> float:
+    """The fraction of its float32 peak a product on ``gpu``'s CUDA cores can run FMAs at: where integers run on
+    FP32 lanes (:class:`Architecture`), its inner loop's ``calibration.simt_integer`` integer instructions per
+    FMA (address arithmetic) take lanes from the FMAs: ``1 / (1 + simt_integer)`` (on GA10x and Ada too, while
+    the integers fit in the half of the lanes that run them); 1 elsewhere."""
+    row = architecture(gpu.compute_capability)
+    return 1.0 / (1.0 + calibration.simt_integer) if row is not None and row.integer_on_fp32_lanes else 1.0
 
 
 def clock_fraction(gpu: GPUSpec, duty: float = 1.0, exponent: float = 1.0) -> float:

@@ -9,7 +9,8 @@ reduction (split-K: the splits' partial sums are added after, a pass not priced 
 - **waves**: the tiles run in waves of one per SM; the last wave's idle SMs, and the part of each edge tile
   past the output's edge, are work the GPU does for nothing (wave and tile quantisation);
 - **tile efficiency**: a tile of ``tm x tn`` reads ``tm + tn`` operand rows and columns per ``tm * tn``
-  products, so a smaller tile is further from the math's peak: ``1 / (1 + tile_cost * (1/tm + 1/tn))``;
+  products, so a smaller tile is further from the math's peak: ``1 / (1 + tile_cost * (1/tm + 1/tn))``,
+  relative to the largest tile's (the kind's efficiency is that of a product in the largest tiles);
 - **reduction length**: a tile's prologue and epilogue (loading the pipeline, writing the output) weigh on a
   short reduction: ``k / (k + k_half)``.
 
@@ -63,6 +64,7 @@ def product_seconds(
     unit = "tensor" if tensor_cores else "simt"
     k_half = calibration.gemm_half.get("k" if tensor_cores else "k_simt", 0.0)
     cost = calibration.tile_cost.get(unit, 0.0)
+    largest = 1 + cost * (1 / tiles[0][0] + 1 / tiles[0][1])  # (the efficiency is the largest tile's)
     best = math.inf
     for rows, columns in tiles:
         if gemm.batch > 1 and rows * columns < BATCHED_TILE:
@@ -74,7 +76,7 @@ def product_seconds(
         length = math.ceil(gemm.k / splits)
         waves = math.ceil(count * splits / sms)
         used = useful * gemm.k / (waves * sms * rows * columns * length)  # of the SMs' tile-time, useful
-        efficiency = length / (length + k_half) / (1 + cost * (1 / rows + 1 / columns))
+        efficiency = length / (length + k_half) * largest / (1 + cost * (1 / rows + 1 / columns))
         best = min(best, flops / (peak * efficiency * used))
     return best
 
