@@ -73,9 +73,13 @@ def cases():
         yield f"fsdp-no-optimizer-{target}", lambda on=on: profile(llama(), IDS, train=True, **on)
         kept = {**on, "parallelize": lambda model, mesh: fsdp(model, mesh, reshard_layers=False)}
         m = llama()
-        yield f"fsdp-layers-kept-{target}", lambda m=m, kept=kept: profile(m, IDS, train=True, optimizer=torch.optim.AdamW(m.parameters()), **kept)
+        yield f"fsdp-layers-kept-{target}", lambda m=m, kept=kept: profile(
+            m, IDS, train=True, optimizer=torch.optim.AdamW(m.parameters()), **kept
+        )
     m = llama("cpu")
-    yield "fsdp-real-adamw", lambda: profile(m, IDS, train=True, optimizer=torch.optim.AdamW(m.parameters()), world_size=4, parallelize=fsdp)
+    yield "fsdp-real-adamw", lambda: profile(
+        m, IDS, train=True, optimizer=torch.optim.AdamW(m.parameters()), world_size=4, parallelize=fsdp
+    )
     t = mlp()
     plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
     yield "tensor-parallel-adamw", lambda: profile(
