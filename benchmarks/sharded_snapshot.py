@@ -65,40 +65,51 @@ def cases():
             m = llama()
             yield f"fsdp-{name}-{target}", lambda m=m, make=make, on=on: profile(m, IDS, train=True, optimizer=make(m.parameters()), **on)
         m = llama()
-        yield f"fsdp-sgd-zeroed-in-place-{target}", lambda m=m, on=on: profile(
-            m, IDS, train=True, optimizer=torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), set_to_none=False, **on
+        yield (
+            f"fsdp-sgd-zeroed-in-place-{target}",
+            lambda m=m, on=on: profile(
+                m, IDS, train=True, optimizer=torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), set_to_none=False, **on
+            ),
         )
         yield f"fsdp-inference-{target}", lambda on=on: profile(llama(), IDS, **on)
         yield f"fsdp-inference-with-grad-{target}", lambda on=on: profile(llama(), IDS, no_grad=False, **on)
         yield f"fsdp-no-optimizer-{target}", lambda on=on: profile(llama(), IDS, train=True, **on)
         kept = {**on, "parallelize": lambda model, mesh: fsdp(model, mesh, reshard_layers=False)}
         m = llama()
-        yield f"fsdp-layers-kept-{target}", lambda m=m, kept=kept: profile(
-            m, IDS, train=True, optimizer=torch.optim.AdamW(m.parameters()), **kept
+        yield (
+            f"fsdp-layers-kept-{target}",
+            lambda m=m, kept=kept: profile(m, IDS, train=True, optimizer=torch.optim.AdamW(m.parameters()), **kept),
         )
     m = llama("cpu")
-    yield "fsdp-real-adamw", lambda: profile(
-        m, IDS, train=True, optimizer=torch.optim.AdamW(m.parameters()), world_size=4, parallelize=fsdp
+    yield (
+        "fsdp-real-adamw",
+        lambda: profile(m, IDS, train=True, optimizer=torch.optim.AdamW(m.parameters()), world_size=4, parallelize=fsdp),
     )
     t = mlp()
     plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
-    yield "tensor-parallel-adamw", lambda: profile(
-        t,
-        torch.randn(4, 64),
-        train=True,
-        optimizer=torch.optim.AdamW(t.parameters()),
-        world_size=4,
-        parallelize=lambda model, mesh: parallelize_module(model, mesh, plan),
-        device="meta",
+    yield (
+        "tensor-parallel-adamw",
+        lambda: profile(
+            t,
+            torch.randn(4, 64),
+            train=True,
+            optimizer=torch.optim.AdamW(t.parameters()),
+            world_size=4,
+            parallelize=lambda model, mesh: parallelize_module(model, mesh, plan),
+            device="meta",
+        ),
     )
     d = mlp()
-    yield "ddp-adamw", lambda: profile(
-        d,
-        torch.randn(4, 64),
-        train=True,
-        optimizer=torch.optim.AdamW(d.parameters()),
-        world_size=4,
-        parallelize=lambda model, mesh: DistributedDataParallel(model, bucket_cap_mb=0.01),
+    yield (
+        "ddp-adamw",
+        lambda: profile(
+            d,
+            torch.randn(4, 64),
+            train=True,
+            optimizer=torch.optim.AdamW(d.parameters()),
+            world_size=4,
+            parallelize=lambda model, mesh: DistributedDataParallel(model, bucket_cap_mb=0.01),
+        ),
     )
 
 
