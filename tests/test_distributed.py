@@ -538,7 +538,9 @@ def test_a_sharded_step_s_optimizer_runs_on_the_local_shards_and_counts_the_rank
     monkeypatch.setattr(distributed, "_swaps", lambda optimizer: swapped.append(len(swaps(optimizer))) or swaps(optimizer))
     model = stack()
     x = torch.randn(BATCH, WIDTH)
-    sharded = profile(model, x, train=True, optimizer=make(model.parameters()), world_size=WORLD, parallelize=fsdp, device="meta", target="h100")
+    sharded = profile(
+        model, x, train=True, optimizer=make(model.parameters()), world_size=WORLD, parallelize=fsdp, device="meta", target="h100"
+    )
     assert swapped == [2 * LAYERS, 2 * LAYERS]  # the first step's and the metered step's, each over every parameter
     whole = profile(model, x, train=True, optimizer=make(model.parameters()), device="meta", target="h100")
     assert sharded.optimizer_flops - counters == (whole.optimizer_flops - counters) / WORLD > 0
