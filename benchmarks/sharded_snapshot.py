@@ -85,32 +85,16 @@ def cases():
         "fsdp-real-adamw",
         lambda: profile(m, IDS, train=True, optimizer=torch.optim.AdamW(m.parameters()), world_size=4, parallelize=fsdp),
     )
-    t = mlp()
     plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
-    yield (
-        "tensor-parallel-adamw",
-        lambda: profile(
-            t,
-            torch.randn(4, 64),
-            train=True,
-            optimizer=torch.optim.AdamW(t.parameters()),
-            world_size=4,
-            parallelize=lambda model, mesh: parallelize_module(model, mesh, plan),
-            device="meta",
-        ),
-    )
-    d = mlp()
-    yield (
-        "ddp-adamw",
-        lambda: profile(
-            d,
-            torch.randn(4, 64),
-            train=True,
-            optimizer=torch.optim.AdamW(d.parameters()),
-            world_size=4,
-            parallelize=lambda model, mesh: DistributedDataParallel(model, bucket_cap_mb=0.01),
-        ),
-    )
+    yield "tensor-parallel-adamw", lambda: mlp_step(lambda model, mesh: parallelize_module(model, mesh, plan), device="meta")
+    yield "ddp-adamw", lambda: mlp_step(lambda model, mesh: DistributedDataParallel(model, bucket_cap_mb=0.01))
+
+
+def mlp_step(parallelize, **options):
+    """An AdamW step of the MLP over 4 ranks, sharded by ``parallelize``."""
+    model = mlp()
+    optimizer = torch.optim.AdamW(model.parameters())
+    return profile(model, torch.randn(4, 64), train=True, optimizer=optimizer, world_size=4, parallelize=parallelize, **options)
 
 
 def figures(value):

@@ -147,20 +147,15 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
             efficiencies.add(kind if tensor_cores else f"{kind}_simt")
             if work.gemms:
                 parameters.update({("gemm_half", "k" if tensor_cores else "k_simt"), ("tile_cost", "tensor" if tensor_cores else "simt")})
+            if clock_fraction(gpu) < 1:
+                parameters.add(("power_exponent", None))
+            if not tensor_cores and simt_integer_factor(gpu, UNCALIBRATED) < 1:
+                parameters.add(("simt_integer", None))
         elif kind != "none":
             efficiencies.add(kind)
             if kind in ("norm", "norm_backward"):
                 parameters.add(("reduction_bandwidth", kind))
     parameters.update(("efficiency", name) for name in efficiencies)
-    if any(work.kind in COMPUTE_KINDS and clock_fraction(gpu) < 1 for gpu, work in works):
-        parameters.add(("power_exponent", None))
-    if any(
-        work.kind in COMPUTE_KINDS
-        and simt_integer_factor(gpu, UNCALIBRATED) < 1
-        and not math_unit(gpu, work.kind, MATH_OF.get(work.name, work.dtype), work.tf32)[1]
-        for gpu, work in works
-    ):
-        parameters.add(("simt_integer", None))
     return sorted(parameters, key=lambda p: (p[0], p[1] or ""))
 
 
