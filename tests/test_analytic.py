@@ -6,10 +6,11 @@ import pytest
 import torch
 import torchvision
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, in_kernel_invocation_manager
 
 from models import TinyCNN, TinyTransformer, flop_figures, workloads
 from pytest_modelprof import profile
+from pytest_modelprof.engine.ops import fake_device
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
@@ -28,6 +29,37 @@ def test_analytic_equals_real_on_resnet18(train):
     model = torchvision.models.resnet18(num_classes=10)
     x = torch.randn(1, 3, 64, 64)
     assert flop_figures(profile(model, x, train=train, device="meta")) == flop_figures(profile(model, x, train=train))
+
+
+def test_device_queries_are_answered_above_the_fake_mode(monkeypatch):
+    # the autograd engine asks each fake tensor its device in C++, a dispatch through every mode above the fake
+    # mode; the engine's modes answer it as the fake mode does, so (apart from its setup) the step's queries
+    # stop at the topmost one
+    asked = []
+    stock = FakeTensorMode.dispatch
+
+    def dispatch(self, func, types, args=(), kwargs=None):
+        asked.append(func is torch.ops.prim.device.default)
+        return stock(self, func, types, args, kwargs or {})
+
+    monkeypatch.setattr(FakeTensorMode, "dispatch", dispatch)
+    images = torch.randn(2, 3, 16, 16)
+    with FakeTensorMode() as mode:
+        model, fake_images = TinyCNN(), mode.from_tensor(images)
+        asked.clear()
+        model(fake_images).sum().backward()
+    untracked = sum(asked)
+    assert untracked > 100  # the question the engine answers is asked, a few times an op
+    asked.clear()
+    result = profile(TinyCNN(), images, device="meta", train=True)
+    assert sum(asked) < untracked / 20
+    assert flop_figures(result) == flop_figures(profile(TinyCNN(), images, train=True))
+    with FakeTensorMode() as mode:  # the answer, outside a kernel and inside one (where the fake mode says meta)
+        fake = mode.fake_tensor_converter.from_meta_and_device(mode, torch.empty(2, device="meta"), torch.device("cuda", 0))
+        assert fake_device(fake) == torch.device("cuda", 0) == fake.device
+        with in_kernel_invocation_manager(mode):
+            assert fake_device(fake) == torch.device("meta")
+    assert fake_device(torch.zeros(2)) is None
 
 
 def test_model_built_on_meta_matches_the_same_model_on_cpu():

@@ -69,7 +69,7 @@ from torch._prims_common import make_contiguous_strides_for, suggest_memory_form
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..ops import REDUCED_LOSSES, REGISTRY, bound_arguments, reorder_dimensions
+from ..ops import DEVICE_QUERY, REDUCED_LOSSES, REGISTRY, bound_arguments, fake_device, reorder_dimensions
 
 aten = torch.ops.aten
 
@@ -209,6 +209,8 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
+            return device  # (see ops.DEVICE_QUERY)
         acts = _ACTING.get(func)
         if acts is None:
             acts = _ACTING[func] = _acts_on(func)

@@ -25,6 +25,10 @@ enters them in this order, from the bottom of the stack up:
    converted in place (:func:`~.fake.conversions_in_place`), and ``F.one_hot`` run as the device's
    kernel (:func:`~.fake.device_one_hot`).
 
+A device query of a fake tensor (``prim.device``: the autograd engine asks it in C++ of every tensor it
+records or checks, two in three of a fake step's dispatches) is answered by the first of the engine's modes
+it reaches, the meters' dispatcher included, as the fake mode answers it (:func:`..ops.fake_device`).
+
 The workload enters one more guard itself, after the optimizer's state is made and in-place gradients
 are zeroed: :func:`attributes_kept`, which keeps what the model records on itself as it runs on fake
 tensors from staying on the caller's model.

@@ -35,7 +35,7 @@ from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import ProfileError
-from ..ops import beneath_the_run
+from ..ops import DEVICE_QUERY, beneath_the_run, fake_device
 
 aten = torch.ops.aten
 
@@ -124,6 +124,8 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._known[id(t)] = (weakref.ref(t), value)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
+            return device  # (see ops.DEVICE_QUERY)
         if func not in _FOLLOWED or isinstance(func, HigherOrderOperator):
             return func(*args, **(kwargs or {}))  # most ops: nothing to follow
         kwargs = kwargs or {}

@@ -46,7 +46,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..ops import METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments
+from ..ops import DEVICE_QUERY, METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments, fake_device
 from .finiteness import EQUALITY, FINITENESS_TESTS, is_finite_number, on_finite_numbers
 from .paths import passing_value
 
@@ -173,6 +173,8 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
     # dispatch --------------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
+            return device  # (see ops.DEVICE_QUERY)
         if isinstance(func, HigherOrderOperator):
             return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
@@ -295,8 +297,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._unbounded[id(t)] = weakref.ref(t, _dropper(self._unbounded, id(t)))
 
     def _real(self, tree: Any, zeros: bool = False) -> Any:
-        """``tree`` with each tensor replaced by its value (``zeros``: where it has none, by zeros), and
-        devices by the CPU."""
+        """``tree`` with each tensor replaced by its value (``zeros``: by zeros where it has none), devices by the CPU."""
 
         def swap(x: Any) -> Any:
             if isinstance(x, torch.Tensor):

@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten
 
 from ...results import Phase
 from ..analytic.backward import SavedTensors, current_node, in_backward
-from ..ops import METADATA, packet_of
+from ..ops import DEVICE_QUERY, METADATA, fake_device, packet_of
 from .hops import eager_higher_order, hop_name, is_hop, one_op, run_eagerly
 from .modules import ROOT, ModuleTracker, StackKey
 from .stream import Meter, Op, Place, overrides
@@ -127,6 +127,8 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
     supports_higher_order_operators = True  # see hops.py
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
+            return device  # (see ops.DEVICE_QUERY)
         kwargs = kwargs or {}
         if func in METADATA:
             return func(*args, **kwargs)

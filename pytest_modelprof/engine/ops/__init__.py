@@ -6,7 +6,7 @@ FLOP formulas, the cost model, kernel scratch and the kernel outputs of analytic
 dimensions.
 """
 
-from .calls import VALUES_LIMIT, beneath_the_run, bound_arguments
+from .calls import DEVICE_QUERY, VALUES_LIMIT, beneath_the_run, bound_arguments, fake_device
 from .iteration import reorder_dimensions
 from .registry import (
     COMMUNICATION_NAMESPACES,
@@ -26,6 +26,7 @@ from .registry import (
 
 __all__ = [
     "COMMUNICATION_NAMESPACES",
+    "DEVICE_QUERY",
     "ELEMENTWISE_FLOPS",
     "LOSS_BACKWARD_FLOPS",
     "LOSS_FLOPS",
@@ -39,6 +40,7 @@ __all__ = [
     "OpInfo",
     "beneath_the_run",
     "bound_arguments",
+    "fake_device",
     "op_info",
     "packet_of",
     "reorder_dimensions",

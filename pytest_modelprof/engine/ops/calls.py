@@ -7,7 +7,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
+
+# ``device`` asked in C++ of a tensor that answers it in Python, a fake tensor: the autograd engine asks it
+# of every tensor it records or checks, and each question is dispatched through every mode above the fake
+# mode (two in three of the dispatches of an analytic training step): those modes answer it at once
+DEVICE_QUERY = torch.ops.prim.device.default
 
 
 def bound_arguments(func: Any, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -38,3 +44,11 @@ def beneath_the_run() -> Iterator[None]:
 # elements: an analytic run works out the values of tensors up to this size (made from constants and real
 # inputs; see analytic/values.py), and no larger (a causal mask of 2048 tokens is at it)
 VALUES_LIMIT = 1 << 22
+
+
+def fake_device(tensor: Any) -> torch.device | None:
+    """The fake mode's answer to :data:`DEVICE_QUERY` of ``tensor`` (its ``_device_handler``'s), or None where
+    ``tensor`` is not a fake tensor."""
+    if not isinstance(tensor, FakeTensor):
+        return None
+    return torch.device("meta") if tensor.fake_mode.in_kernel_invocation else tensor.fake_device

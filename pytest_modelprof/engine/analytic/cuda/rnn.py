@@ -30,6 +30,7 @@ from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from ...ops import DEVICE_QUERY, fake_device
 from ..backward import in_backward
 
 aten = torch.ops.aten
@@ -110,6 +111,8 @@ class CudaOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._values = values
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
+            return device  # (see ops.DEVICE_QUERY)
         if isinstance(func, HigherOrderOperator):
             return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
