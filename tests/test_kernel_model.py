@@ -15,7 +15,7 @@ from pytest_modelprof.engine.meters import Meter
 from pytest_modelprof.engine.meters.predicted import issuer
 from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
 from pytest_modelprof.engine.targets.cost import Work, kernel_seconds, rnn_kernels, rnn_recurrent_bytes
-from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction, simt_integer_factor
+from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction, simt_batched_tiles, simt_integer_factor
 from pytest_modelprof.engine.targets.products import Gemm
 
 LOW_POWER = {"t4", "p4", "l4"}  # the 70-75 W cards
@@ -68,6 +68,24 @@ def test_where_integers_run_on_fp32_lanes_a_simt_product_loses_lanes_to_its_addr
     assert kernel_seconds(h100, more, work)[0] == pytest.approx(kernel_seconds(h100, less, work)[0])
     tf32 = work._replace(tf32=True)
     assert kernel_seconds(l4, more, tf32)[0] == pytest.approx(kernel_seconds(l4, less, tf32)[0])
+
+
+def test_a_batched_simt_product_is_priced_in_the_tiles_its_library_runs_it_in():
+    """cuBLAS runs every batched float32 product of an A100 in 128x128 tiles (NeuSight's kernel names: all 16,661
+    of them): each item of a batch whose output is 32x32 takes a whole tile, as one whose output is 128x128
+    does, so with the reduction long enough that the math decides, both take the same time; where the library
+    has smaller tiles (a P100's, here any), the small product takes tiles of 4096 outputs (a quarter of 128x128,
+    at a smaller tile's lower efficiency): less than a third of the time."""
+    calibration = dataclasses.replace(FITTED, kernel_seconds=0.0)
+
+    def bmm(gpu: str, rows: int, batch: int = 4096, k: int = 8192) -> float:
+        flops = 2 * batch * rows * rows * k
+        work = Work("aten.bmm", "matmul", flops, 0, torch.float32, 1, (Gemm(rows, rows, k, 1.0, batch),))
+        return kernel_seconds(GPUS[gpu], calibration, work)[0]
+
+    assert simt_batched_tiles(GPUS["a100-80gb"]) == ((128, 128),)
+    assert bmm("a100-80gb", 32) == pytest.approx(bmm("a100-80gb", 128))
+    assert bmm("p100", 32) < bmm("p100", 128) / 3
 
 
 class MatMul(nn.Module):

@@ -43,7 +43,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from ..ops import REGISTRY
-from .gpus import Calibration, GPUSpec, clock_fraction, simt_integer_factor
+from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt_integer_factor
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
 
 Kind = Literal[
@@ -178,7 +178,11 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
             peak *= simt_integer_factor(gpu, calibration)
         if work.gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
             sms, split = gpu.sm_count, kind in LIBRARY_KINDS
-            compute = sum(product_seconds(g, work.flops * g.share, peak, sms, calibration, tensor_cores, split) for g in work.gemms)
+            batched = () if tensor_cores or not split else simt_batched_tiles(gpu)  # (the library's batched kernels')
+            compute = sum(
+                product_seconds(g, work.flops * g.share, peak, sms, calibration, tensor_cores, split, batched if g.batch > 1 else ())
+                for g in work.gemms
+            )
         else:
             compute = work.flops / peak
         memory = work.bytes / bandwidth

@@ -105,28 +105,28 @@ UNCALIBRATED = Calibration()
 # (no fp32 convolution's backward pass without TF32 was measured): a round figure.
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.908,
-        "conv": 0.3575,
-        "conv_backward": 0.23,
-        "conv_narrow": 0.2615,
-        "conv_narrow_backward": 0.08447,
-        "attention": 0.6385,
-        "rnn": 0.3166,
-        "norm": 0.8292,
-        "norm_backward": 0.7238,
-        "memory": 0.8354,
-        "matmul_simt": 0.8241,
-        "conv_simt": 1.564,
+        "matmul": 0.9081,
+        "conv": 0.3574,
+        "conv_backward": 0.2299,
+        "conv_narrow": 0.2616,
+        "conv_narrow_backward": 0.08448,
+        "attention": 0.6382,
+        "rnn": 0.3169,
+        "norm": 0.8296,
+        "norm_backward": 0.7242,
+        "memory": 0.8355,
+        "matmul_simt": 0.8686,
+        "conv_simt": 1.603,
         "conv_backward_simt": 0.3,
         "cuda_cores": 0.3959,
     },
-    gemm_half={"k": 161.6, "k_simt": 11.85},
-    tile_cost={"tensor": 2.289, "simt": 15.36},
+    gemm_half={"k": 161.4, "k_simt": 10.84},
+    tile_cost={"tensor": 2.262, "simt": 13.89},
     reduction_bandwidth={"norm": 21.5e9, "norm_backward": 13.57e9},
-    power_exponent=1.217,
-    simt_integer=0.2861,
-    kernel_seconds=2.927e-6,
-    host_seconds=15.54e-6,
+    power_exponent=1.137,
+    simt_integer=0.3473,
+    kernel_seconds=2.942e-6,
+    host_seconds=15.55e-6,
     view_seconds=13.96e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11) and 4800 kernels timed on five GPUs (NeuSight's)",
@@ -150,7 +150,8 @@ class Architecture:
     ``integer_on_fp32_lanes``: its integer instructions run on FP32 lanes (Pascal's have no integer lanes
     of their own; half of GA10x's and Ada's FP32 lanes run integers too; Volta, Turing, GA100 and Hopper have
     separate integer lanes: the architecture whitepapers), so a product on CUDA cores loses FMA lanes to its
-    address arithmetic (:func:`simt_integer_factor`)."""
+    address arithmetic (:func:`simt_integer_factor`); ``simt_batched_tiles``: the output tiles its library's
+    batched float32 products on CUDA cores come in (:func:`simt_batched_tiles`; empty: any)."""
 
     shared_memory_per_block: int
     threads_per_sm: int
@@ -159,6 +160,17 @@ class Architecture:
     cublas_workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE
     flops_per_watt: float = 0.0
     integer_on_fp32_lanes: bool = False
+    simt_batched_tiles: tuple[tuple[int, int], ...] = ()
+
+
+# The tiles of cuBLAS's batched float32 products on CUDA cores (bmm with TF32 off), by the names its kernels
+# ran under in NeuSight's kernel data (pytest_modelprof/data/kernel-data): an A100 ran every one of 16,661 in
+# ampere_sgemm_128x128_nn, however small its output; a V100 and a T4 ran volta_sgemm_64x64, 128x64, 32x128
+# and 128x32, by shape. The Ampere family's are taken for the architectures after it, whose names the data
+# does not hold. Pascal's are maxwell_sgemm_128x64_nn, but with that tile alone the product model overstates
+# its small batched products (a tile's idle part costs a P100 less than an A100): any tile there.
+VOLTA_BATCHED = ((128, 64), (64, 64), (32, 128), (128, 32))
+AMPERE_BATCHED = ((128, 128),)
 
 
 # by compute capability; a new architecture is one row. ``flops_per_watt`` is the float32 peak per watt of
@@ -184,18 +196,42 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             integer_on_fp32_lanes=True,
         ),
         (7, 0): Architecture(  # Volta, 12 nm: Tesla V100 PCIe 14 TFLOP/s at 250 W
-            shared_memory_per_block=98304, threads_per_sm=2048, blocks_per_sm=32, flops_per_watt=14 * T / 250
+            shared_memory_per_block=98304,
+            threads_per_sm=2048,
+            blocks_per_sm=32,
+            flops_per_watt=14 * T / 250,
+            simt_batched_tiles=VOLTA_BATCHED,
         ),
         (7, 5): Architecture(  # Turing, 12 nm: Quadro RTX 8000 16.3 TFLOP/s at 295 W
-            shared_memory_per_block=65536, threads_per_sm=1024, blocks_per_sm=16, small_shared_memory=True, flops_per_watt=16.3 * T / 295
+            shared_memory_per_block=65536,
+            threads_per_sm=1024,
+            blocks_per_sm=16,
+            small_shared_memory=True,
+            flops_per_watt=16.3 * T / 295,
+            simt_batched_tiles=VOLTA_BATCHED,
         ),
         (8, 0): Architecture(  # Ampere GA100, 7 nm: A100 PCIe 40GB 19.5 TFLOP/s at 250 W
-            shared_memory_per_block=166912, threads_per_sm=2048, blocks_per_sm=32, flops_per_watt=19.5 * T / 250
+            shared_memory_per_block=166912,
+            threads_per_sm=2048,
+            blocks_per_sm=32,
+            flops_per_watt=19.5 * T / 250,
+            simt_batched_tiles=AMPERE_BATCHED,
         ),
         (8, 6): Architecture(
-            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=16, small_shared_memory=True, integer_on_fp32_lanes=True
+            shared_memory_per_block=101376,
+            threads_per_sm=1536,
+            blocks_per_sm=16,
+            small_shared_memory=True,
+            integer_on_fp32_lanes=True,
+            simt_batched_tiles=AMPERE_BATCHED,
         ),
-        (8, 7): Architecture(shared_memory_per_block=166912, threads_per_sm=1536, blocks_per_sm=16, integer_on_fp32_lanes=True),
+        (8, 7): Architecture(
+            shared_memory_per_block=166912,
+            threads_per_sm=1536,
+            blocks_per_sm=16,
+            integer_on_fp32_lanes=True,
+            simt_batched_tiles=AMPERE_BATCHED,
+        ),
         (8, 9): Architecture(  # Ada, 4 nm: L40S 91.6 TFLOP/s at 350 W
             shared_memory_per_block=101376,
             threads_per_sm=1536,
@@ -203,6 +239,7 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             small_shared_memory=True,
             flops_per_watt=91.6 * T / 350,
             integer_on_fp32_lanes=True,
+            simt_batched_tiles=AMPERE_BATCHED,
         ),
         (9, 0): Architecture(  # Hopper, 4 nm: H100 PCIe 51.2 TFLOP/s at 350 W
             shared_memory_per_block=232448,
@@ -210,14 +247,20 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             blocks_per_sm=32,
             cublas_workspace_bytes=4096 * 8 * 1024,
             flops_per_watt=51.2 * T / 350,
+            simt_batched_tiles=AMPERE_BATCHED,
         ),
-        (10, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32),
-        (12, 0): Architecture(
-            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True, integer_on_fp32_lanes=True
-        ),
-        (12, 1): Architecture(
-            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True, integer_on_fp32_lanes=True
-        ),
+        (10, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32, simt_batched_tiles=AMPERE_BATCHED),
+        **{
+            (12, minor): Architecture(
+                shared_memory_per_block=101376,
+                threads_per_sm=1536,
+                blocks_per_sm=32,
+                small_shared_memory=True,
+                integer_on_fp32_lanes=True,
+                simt_batched_tiles=AMPERE_BATCHED,
+            )
+            for minor in (0, 1)
+        },
     }
 )
 
@@ -277,6 +320,13 @@ class GPUSpec:
         if len(self.compute_capability) != 2:
             raise ValueError(f"GPUSpec {self.name!r}: compute_capability is (major, minor), got {self.compute_capability!r}")
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+
+
+def simt_batched_tiles(gpu: GPUSpec) -> tuple[tuple[int, int], ...]:
+    """The output tiles of the library's batched float32 products on ``gpu``'s CUDA cores (see
+    :data:`AMPERE_BATCHED`); empty where the library may take any (:data:`.products.SIMT_TILES`)."""
+    row = architecture(gpu.compute_capability)
+    return row.simt_batched_tiles if row is not None else ()
 
 
 def simt_integer_factor(gpu: GPUSpec, calibration: Calibration) -> float:

@@ -51,20 +51,29 @@ BATCHED_TILE = 64 * 64  # a batched product's kernels (a product per grid slice)
 
 
 def product_seconds(
-    gemm: Gemm, flops: float, peak: float, sms: int, calibration: Calibration, tensor_cores: bool, split: bool = True
+    gemm: Gemm,
+    flops: float,
+    peak: float,
+    sms: int,
+    calibration: Calibration,
+    tensor_cores: bool,
+    split: bool = True,
+    offered: tuple[tuple[int, int], ...] = (),
 ) -> float:
     """The seconds ``sms`` SMs of math peak ``peak`` (FLOP/s at full efficiency) take over ``flops`` of the
     product ``gemm``: of its tile sizes and splits of the reduction, the fastest (see the module's notes);
     ``split``: whether its kernels may split the reduction (a library's may; attention's and recurrent
-    kernels, which schedule their own work, do not)."""
-    tiles = TENSOR_TILES if tensor_cores else SIMT_TILES
+    kernels, which schedule their own work, do not); ``offered``: the tiles its kernels come in, where the
+    GPU's library offers fewer than all (:func:`.gpus.simt_batched_tiles`)."""
+    stock = TENSOR_TILES if tensor_cores else SIMT_TILES
+    tiles = offered or stock
     useful = gemm.batch * gemm.m * gemm.n
     if useful <= 0 or gemm.k <= 0 or flops <= 0:
         return 0.0
     unit = "tensor" if tensor_cores else "simt"
     k_half = calibration.gemm_half.get("k" if tensor_cores else "k_simt", 0.0)
     cost = calibration.tile_cost.get(unit, 0.0)
-    largest = 1 + cost * (1 / tiles[0][0] + 1 / tiles[0][1])  # (the efficiency is the largest tile's)
+    largest = 1 + cost * (1 / stock[0][0] + 1 / stock[0][1])  # (the efficiency is the largest tile's)
     best = math.inf
     for rows, columns in tiles:
         if gemm.batch > 1 and rows * columns < BATCHED_TILE:
