@@ -138,6 +138,16 @@ FITTED = Calibration(
 DEFAULT_CUBLAS_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
+# The tiles of cuBLAS's batched float32 products on CUDA cores (bmm with TF32 off), by the names its kernels
+# ran under in NeuSight's kernel data (pytest_modelprof/data/kernel-data): an A100 ran every one of 16,661 in
+# ampere_sgemm_128x128_nn, however small its output; a V100 and a T4 ran volta_sgemm_64x64, 128x64, 32x128
+# and 128x32, by shape. The Ampere family's are taken for the architectures after it, whose names the data
+# does not hold. Pascal's are maxwell_sgemm_128x64_nn, but with that tile alone the product model overstates
+# its small batched products (a tile's idle part costs a P100 less than an A100): any tile there.
+VOLTA_BATCHED = ((128, 64), (64, 64), (32, 128), (128, 32))
+AMPERE_BATCHED = ((128, 128),)
+
+
 @dataclass(frozen=True)
 class Architecture:
     """What a compute capability fixes of a GPU, for the kernel choices and allocations modelled on it:
@@ -151,7 +161,7 @@ class Architecture:
     of their own; half of GA10x's and Ada's FP32 lanes run integers too; Volta, Turing, GA100 and Hopper have
     separate integer lanes: the architecture whitepapers), so a product on CUDA cores loses FMA lanes to its
     address arithmetic (:func:`simt_integer_factor`); ``simt_batched_tiles``: the output tiles its library's
-    batched float32 products on CUDA cores come in (:func:`simt_batched_tiles`; empty: any)."""
+    batched float32 products on CUDA cores come in (:func:`simt_batched_tiles`; empty: any; by default Ampere's)."""
 
     shared_memory_per_block: int
     threads_per_sm: int
@@ -160,17 +170,7 @@ class Architecture:
     cublas_workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE
     flops_per_watt: float = 0.0
     integer_on_fp32_lanes: bool = False
-    simt_batched_tiles: tuple[tuple[int, int], ...] = ()
-
-
-# The tiles of cuBLAS's batched float32 products on CUDA cores (bmm with TF32 off), by the names its kernels
-# ran under in NeuSight's kernel data (pytest_modelprof/data/kernel-data): an A100 ran every one of 16,661 in
-# ampere_sgemm_128x128_nn, however small its output; a V100 and a T4 ran volta_sgemm_64x64, 128x64, 32x128
-# and 128x32, by shape. The Ampere family's are taken for the architectures after it, whose names the data
-# does not hold. Pascal's are maxwell_sgemm_128x64_nn, but with that tile alone the product model overstates
-# its small batched products (a tile's idle part costs a P100 less than an A100): any tile there.
-VOLTA_BATCHED = ((128, 64), (64, 64), (32, 128), (128, 32))
-AMPERE_BATCHED = ((128, 128),)
+    simt_batched_tiles: tuple[tuple[int, int], ...] = AMPERE_BATCHED
 
 
 # by compute capability; a new architecture is one row. ``flops_per_watt`` is the float32 peak per watt of
@@ -186,6 +186,7 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             small_shared_memory=True,
             flops_per_watt=9.3 * T / 250,
             integer_on_fp32_lanes=True,
+            simt_batched_tiles=(),
         ),
         (6, 1): Architecture(  # Pascal GP102/GP104, 16 nm: Tesla P40 12 TFLOP/s at 250 W
             shared_memory_per_block=49152,
@@ -194,6 +195,7 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             small_shared_memory=True,
             flops_per_watt=12 * T / 250,
             integer_on_fp32_lanes=True,
+            simt_batched_tiles=(),
         ),
         (7, 0): Architecture(  # Volta, 12 nm: Tesla V100 PCIe 14 TFLOP/s at 250 W
             shared_memory_per_block=98304,
@@ -211,27 +213,12 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             simt_batched_tiles=VOLTA_BATCHED,
         ),
         (8, 0): Architecture(  # Ampere GA100, 7 nm: A100 PCIe 40GB 19.5 TFLOP/s at 250 W
-            shared_memory_per_block=166912,
-            threads_per_sm=2048,
-            blocks_per_sm=32,
-            flops_per_watt=19.5 * T / 250,
-            simt_batched_tiles=AMPERE_BATCHED,
+            shared_memory_per_block=166912, threads_per_sm=2048, blocks_per_sm=32, flops_per_watt=19.5 * T / 250
         ),
         (8, 6): Architecture(
-            shared_memory_per_block=101376,
-            threads_per_sm=1536,
-            blocks_per_sm=16,
-            small_shared_memory=True,
-            integer_on_fp32_lanes=True,
-            simt_batched_tiles=AMPERE_BATCHED,
+            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=16, small_shared_memory=True, integer_on_fp32_lanes=True
         ),
-        (8, 7): Architecture(
-            shared_memory_per_block=166912,
-            threads_per_sm=1536,
-            blocks_per_sm=16,
-            integer_on_fp32_lanes=True,
-            simt_batched_tiles=AMPERE_BATCHED,
-        ),
+        (8, 7): Architecture(shared_memory_per_block=166912, threads_per_sm=1536, blocks_per_sm=16, integer_on_fp32_lanes=True),
         (8, 9): Architecture(  # Ada, 4 nm: L40S 91.6 TFLOP/s at 350 W
             shared_memory_per_block=101376,
             threads_per_sm=1536,
@@ -239,7 +226,6 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             small_shared_memory=True,
             flops_per_watt=91.6 * T / 350,
             integer_on_fp32_lanes=True,
-            simt_batched_tiles=AMPERE_BATCHED,
         ),
         (9, 0): Architecture(  # Hopper, 4 nm: H100 PCIe 51.2 TFLOP/s at 350 W
             shared_memory_per_block=232448,
@@ -247,20 +233,14 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             blocks_per_sm=32,
             cublas_workspace_bytes=4096 * 8 * 1024,
             flops_per_watt=51.2 * T / 350,
-            simt_batched_tiles=AMPERE_BATCHED,
         ),
-        (10, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32, simt_batched_tiles=AMPERE_BATCHED),
-        **{
-            (12, minor): Architecture(
-                shared_memory_per_block=101376,
-                threads_per_sm=1536,
-                blocks_per_sm=32,
-                small_shared_memory=True,
-                integer_on_fp32_lanes=True,
-                simt_batched_tiles=AMPERE_BATCHED,
-            )
-            for minor in (0, 1)
-        },
+        (10, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32),
+        (12, 0): Architecture(
+            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True, integer_on_fp32_lanes=True
+        ),
+        (12, 1): Architecture(
+            shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True, integer_on_fp32_lanes=True
+        ),
     }
 )
 
@@ -324,9 +304,10 @@ class GPUSpec:
 
 def simt_batched_tiles(gpu: GPUSpec) -> tuple[tuple[int, int], ...]:
     """The output tiles of the library's batched float32 products on ``gpu``'s CUDA cores (see
-    :data:`AMPERE_BATCHED`); empty where the library may take any (:data:`.products.SIMT_TILES`)."""
+    :data:`AMPERE_BATCHED`, Ampere's for an architecture the table does not list); empty where the library may
+    take any (:data:`.products.SIMT_TILES`)."""
     row = architecture(gpu.compute_capability)
-    return row.simt_batched_tiles if row is not None else ()
+    return row.simt_batched_tiles if row is not None else AMPERE_BATCHED
 
 
 def simt_integer_factor(gpu: GPUSpec, calibration: Calibration) -> float:
