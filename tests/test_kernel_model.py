@@ -16,7 +16,7 @@ from pytest_modelprof.engine.meters.predicted import issuer
 from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
 from pytest_modelprof.engine.targets.cost import Work, kernel_seconds, rnn_kernels, rnn_recurrent_bytes
 from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction, simt_batched_tiles, simt_integer_factor
-from pytest_modelprof.engine.targets.products import Gemm
+from pytest_modelprof.engine.targets.products import Gemm, gemms_of
 
 LOW_POWER = {"t4", "p4", "l4"}  # the 70-75 W cards
 
@@ -78,14 +78,20 @@ def test_a_batched_simt_product_is_priced_in_the_tiles_its_library_runs_it_in():
     at a smaller tile's lower efficiency): less than a third of the time."""
     calibration = dataclasses.replace(FITTED, kernel_seconds=0.0)
 
-    def bmm(gpu: str, rows: int, batch: int = 4096, k: int = 8192) -> float:
+    def bmm(gpu: str, rows: int, batch: int = 4096, k: int = 8192, layout: str = "nn") -> float:
         flops = 2 * batch * rows * rows * k
-        work = Work("aten.bmm", "matmul", flops, 0, torch.float32, 1, (Gemm(rows, rows, k, 1.0, batch),))
+        work = Work("aten.bmm", "matmul", flops, 0, torch.float32, 1, (Gemm(rows, rows, k, 1.0, batch, layout),))
         return kernel_seconds(GPUS[gpu], calibration, work)[0]
 
     assert simt_batched_tiles(GPUS["a100-80gb"]) == ((128, 128),)
     assert bmm("a100-80gb", 32) == pytest.approx(bmm("a100-80gb", 128))
     assert bmm("p100", 32) < bmm("p100", 128) / 3
+    # the data hold the tiles of row-major operands' products only ("nn"); a transposed one's may be any
+    assert bmm("a100-80gb", 32, layout="tn") < bmm("a100-80gb", 128, layout="tn") / 3
+    x, w = torch.empty(4, 32, 64, device="meta"), torch.empty(4, 16, 64, device="meta")
+    assert [g.layout for g in gemms_of("aten.bmm", (x, w.transpose(1, 2).contiguous()), None)] == ["nn"]
+    assert [g.layout for g in gemms_of("aten.bmm", (x, w.transpose(1, 2)), None)] == ["tn"]  # q @ k.transpose(-1, -2)
+    assert [g.layout for g in gemms_of("aten.mm", (x[0], w[0].t()), None)] == ["tn"]  # linear: x @ w.t()
 
 
 class MatMul(nn.Module):
@@ -131,7 +137,14 @@ def test_neusights_kernels_are_read_as_their_launches_show():
         "volta_sgemm_32x128_tn",
         "5x1x1",
     )
-    assert neusight.work_of(first).gemms == (Gemm(58, 141, 13),)
+    assert neusight.work_of(first).gemms == (Gemm(58, 141, 13, layout="tn"),)
+    # the layout read off the operands is the one in the kernels' names (cuBLAS's letters), on every GPU
+    seen: dict[tuple[str, str], int] = {}
+    for row in neusight.rows():
+        if row["op"] in ("bmm", "linear") and seen.get((row["op"], row["gpu"]), 0) < 3:
+            seen[(row["op"], row["gpu"])] = seen.get((row["op"], row["gpu"]), 0) + 1
+            assert row["kernel_name"].endswith("_" + neusight.work_of(row).gemms[0].layout), row
+    assert len(seen) == 10
     kinds = {m.kind for m in neusight.measurements(1)}
     assert kinds == {"bmm", "linear", "conv", "elementwise", "softmax", "layer norm"}
 

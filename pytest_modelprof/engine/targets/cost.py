@@ -178,9 +178,9 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
             peak *= simt_integer_factor(gpu, calibration)
         if work.gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
             sms, split = gpu.sm_count, kind in LIBRARY_KINDS
-            batched = () if tensor_cores or not split else simt_batched_tiles(gpu)  # (the library's batched kernels')
+            batched = () if tensor_cores or not split else simt_batched_tiles(gpu)  # (the library's batched "nn" kernels')
             compute = sum(
-                product_seconds(g, work.flops * g.share, peak, sms, calibration, tensor_cores, split, batched if g.batch > 1 else ())
+                product_seconds(g, work.flops * g.share, peak, sms, calibration, tensor_cores, split, batched if _batched_nn(g) else ())
                 for g in work.gemms
             )
         else:
@@ -198,6 +198,12 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
     if fixed > max(compute, memory):
         return seconds, "launch"
     return seconds, "compute" if compute >= memory else "memory"
+
+
+def _batched_nn(gemm: Gemm) -> bool:
+    """Whether ``gemm`` is a batched product of row-major operands, the layout whose library tiles are known
+    (:func:`.gpus.simt_batched_tiles`; a batched ``q @ k.transpose(-1, -2)`` is another)."""
+    return gemm.batch > 1 and gemm.layout == "nn"
 
 
 RNN_STEP_KERNELS = 2  # a recurrent layer's step: the product with the recurrent weights, then the cell's pointwise kernel

@@ -138,12 +138,13 @@ FITTED = Calibration(
 DEFAULT_CUBLAS_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
-# The tiles of cuBLAS's batched float32 products on CUDA cores (bmm with TF32 off), by the names its kernels
-# ran under in NeuSight's kernel data (pytest_modelprof/data/kernel-data): an A100 ran every one of 16,661 in
-# ampere_sgemm_128x128_nn, however small its output; a V100 and a T4 ran volta_sgemm_64x64, 128x64, 32x128
-# and 128x32, by shape. The Ampere family's are taken for the architectures after it, whose names the data
-# does not hold. Pascal's are maxwell_sgemm_128x64_nn, but with that tile alone the product model overstates
-# its small batched products (a tile's idle part costs a P100 less than an A100): any tile there.
+# The tiles of cuBLAS's batched float32 products of row-major operands ("nn") on CUDA cores (bmm with TF32
+# off), by the names its kernels ran under in NeuSight's kernel data (pytest_modelprof/data/kernel-data): an
+# A100 ran every one of 16,661 in ampere_sgemm_128x128_nn, however small its output; a V100 and a T4 ran
+# volta_sgemm_64x64, 128x64, 32x128 and 128x32, by shape. The Ampere family's are taken for the architectures
+# after it, whose names the data does not hold. Pascal's are maxwell_sgemm_128x64_nn, but with that tile alone
+# the product model overstates its small batched products (a tile's idle part costs a P100 less than an A100):
+# any tile there.
 VOLTA_BATCHED = ((128, 64), (64, 64), (32, 128), (128, 32))
 AMPERE_BATCHED = ((128, 128),)
 

@@ -41,6 +41,7 @@ class Gemm(NamedTuple):
     k: int
     share: float = 1.0
     batch: int = 1
+    layout: str = "nn"  # cuBLAS's letters for its operands, the second's first: "tn" for ``x @ w.t()`` (see _letter)
 
 
 # output tiles (rows, columns) of the products' kernels, on tensor cores and on CUDA cores
@@ -131,7 +132,7 @@ def gemms_of(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ..
         if a.dim() < 2 or b.dim() < 2:
             return ()
         batch = a.shape[0] if a.dim() == 3 else 1
-        return (Gemm(a.shape[-2], b.shape[-1], a.shape[-1], 1.0, batch),)
+        return (Gemm(a.shape[-2], b.shape[-1], a.shape[-1], 1.0, batch, _letter(b) + _letter(a)),)
     if base in ("convolution", "_convolution", "cudnn_convolution", "convolution_backward"):
         return _conv_gemms(name, args, out)
     if base in _QUANTIZED_PRODUCTS:
@@ -149,6 +150,12 @@ def gemms_of(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ..
     if base in ("_cudnn_rnn", "_cudnn_rnn_backward"):
         return _rnn_gemms(name, args)
     return ()
+
+
+def _letter(t: torch.Tensor) -> str:
+    """cuBLAS's letter for a row-major operand (it works in column-major order): ``t`` for one stored column by
+    column (a transposed view, as ``w.t()``), ``n`` for one stored row by row (or copied to be)."""
+    return "t" if t.stride(-1) != 1 and t.stride(-2) == 1 else "n"
 
 
 def _conv_gemms(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ...]:
