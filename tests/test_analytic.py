@@ -6,10 +6,11 @@ import pytest
 import torch
 import torchvision
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode, in_kernel_invocation_manager
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
 
 from models import TinyCNN, TinyTransformer, flop_figures, workloads
 from pytest_modelprof import profile
+from pytest_modelprof.engine.analytic.fake import detached
 from pytest_modelprof.engine.ops import fake_device
 
 
@@ -77,6 +78,32 @@ def test_model_and_inputs_already_fake():
     result = profile(model, images, train=True)
     assert result.analytic
     assert flop_figures(result) == flop_figures(profile(TinyCNN(), torch.randn(2, 3, 16, 16), train=True))
+
+
+def test_a_fake_models_tensors_are_aliased_for_the_run_as_detach_makes_them(monkeypatch):
+    # a fake model's parameters and optimizer state are aliased for the run without dispatching detach
+    # through the fake mode (five times the cost); the alias is the one the fake mode makes, constants included
+    with FakeTensorMode() as mode:
+        weight = torch.randn(6, 8, requires_grad=True)
+        view = weight.detach()[1:, ::2]  # a view: offset and strides
+        step = torch.tensor(3.0)  # an optimizer's step counter: a fake constant, whose value the mode keeps
+    for t in (weight, view, step):
+        made, stock = detached(t), t.detach()
+        for tensor in (made, stock):
+            assert type(tensor) is FakeTensor and tensor.fake_mode is mode and not tensor.requires_grad
+        layout = [(x.shape, x.stride(), x.storage_offset(), x.dtype, x.device) for x in (made, stock)]
+        assert layout[0] == layout[1]
+        assert made.untyped_storage()._cdata == stock.untyped_storage()._cdata == t.untyped_storage()._cdata
+        assert (made.constant is None) == (stock.constant is None) == (t.constant is None)
+    assert detached(step).constant.item() == 3.0 and detached(step).constant.data_ptr() == step.constant.data_ptr()
+    dispatched = []
+    stock_dispatch = FakeTensorMode.dispatch
+    monkeypatch.setattr(FakeTensorMode, "dispatch", lambda self, func, *rest: dispatched.append(func) or stock_dispatch(self, func, *rest))
+    weight.detach()
+    assert dispatched == [torch.ops.aten.detach.default]  # (what is spared)
+    dispatched.clear()
+    detached(weight), detached(step)
+    assert dispatched == []
 
 
 def test_analytic_mode_allocates_nothing():

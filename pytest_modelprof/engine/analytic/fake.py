@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import ProfileError
@@ -258,11 +258,28 @@ def _copy_state(t: torch.Tensor, fake_mode: FakeTensorMode | None, target: torch
 def to_fake(t: torch.Tensor, fake_mode: FakeTensorMode, target: torch.device) -> torch.Tensor:
     """``t`` as a fake tensor of ``fake_mode`` claiming ``target`` (meta tensors) or its own device."""
     if isinstance(t, FakeTensor):
-        return t.detach()
+        return detached(t)
     if t.device.type == "meta" or (target.type == "cuda" and t.device.type != "cuda"):
         # made from the shape alone: a tensor of a model that claims (or targets) a device it is not on
         return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t.detach().to("meta"), target)
     return fake_mode.from_tensor(t.detach())
+
+
+def detached(t: FakeTensor) -> FakeTensor:
+    """``t.detach()``: a fake tensor of ``t``'s mode on the same storage (a constant's value detached too), made
+    as that mode makes a view's output (its meta kernel, then the output wrapped) but without dispatching
+    ``detach`` through the mode, which costs five times as much, and a constant's forty (copying a 7B model's
+    parameters and optimizer state for a run spent a tenth of a step on it). A symbolic shape, or dispatch keys
+    the mode keeps for the output, go through the mode."""
+    mode = t.fake_mode
+    if mode.shape_env is not None or getattr(t, "dispatch_keys", None) is not None:
+        return t.detach()  # type: ignore[return-value]
+    with in_kernel_invocation_manager(mode):
+        meta = torch.ops.aten.detach.default(t)
+    made = mode.fake_tensor_converter.from_meta_and_device(mode, meta, t.fake_device)
+    if t.constant is not None:
+        made.constant = t.constant.detach()
+    return made
 
 
 # In-place fused optimizer kernels PyTorch registers no meta kernel for: a fake tensor run would fall
