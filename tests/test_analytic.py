@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_
 
 from models import TinyCNN, TinyTransformer, flop_figures, workloads
 from pytest_modelprof import profile
+from pytest_modelprof.engine.analytic import values
 from pytest_modelprof.engine.analytic.fake import detached
 from pytest_modelprof.engine.ops import fake_device
 
@@ -104,6 +105,20 @@ def test_a_fake_models_tensors_are_aliased_for_the_run_as_detach_makes_them(monk
     dispatched.clear()
     detached(weight), detached(step)
     assert dispatched == []
+
+
+def test_autograds_detach_of_each_saved_tensor_stops_above_the_fake_mode(monkeypatch):
+    # with memory followed, autograd detaches each input it saves (for the saved-tensors hook) in C++: a dispatch
+    # through every mode, answered by the known values' mode as the fake mode would, with every figure the same
+    reached = []
+    stock_dispatch = FakeTensorMode.dispatch
+    monkeypatch.setattr(FakeTensorMode, "dispatch", lambda self, func, *rest: reached.append(func) or stock_dispatch(self, func, *rest))
+    images = torch.randn(2, 3, 16, 16)
+    fast = profile(TinyCNN(), images, device="meta", train=True).to_dict()
+    assert torch.ops.aten.detach.default not in reached
+    monkeypatch.setattr(values, "detached", lambda t: t.detach())
+    assert profile(TinyCNN(), images, device="meta", train=True).to_dict() == fast
+    assert torch.ops.aten.detach.default in reached  # (what is spared)
 
 
 def test_analytic_mode_allocates_nothing():

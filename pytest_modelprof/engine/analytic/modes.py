@@ -93,7 +93,7 @@ def analytic_modes(
         stack.enter_context(_dense_encoders(model))
         stack.enter_context(analytic_meta_kernels())
         stack.enter_context(KernelOutputs())  # outputs whose storage the kernel sizes otherwise than the meta kernel
-        known = KnownValues(sources, routing.decided)  # values that follow from constants and inputs
+        known = KnownValues(sources, routing.decided, routing.follows)  # values that follow from constants and inputs
         if gpu is not None:  # the target GPU's kernel choices, beneath every meter
             stack.enter_context(CudaKernels(gpu, known.value))
         stack.enter_context(known)

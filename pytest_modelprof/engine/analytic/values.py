@@ -1,37 +1,32 @@
 """Values that an analytic run knows: tensors made from constants and from the caller's real tensors.
 
-Fake tensors carry no values, so Python that reads one (``bool(mask.all())``, ``.item()``,
-``.tolist()``, ``torch.equal``) and ops whose output size depends on one (``nonzero``,
-``masked_select``, ``unique``, ``repeat_interleave``) cannot run on them. Models read
-values mostly where they follow from constants: ``nn.TransformerEncoder`` compares the
-mask it is given with a causal mask to choose its causal path, a decoder builds its mask
-with ``torch.full(...).triu(1)``, positions come from ``arange``, a padding mask arrives
-with the inputs. :class:`KnownValues` works out, on the CPU beside the run, the value of
-each small tensor (:data:`LIMIT` elements at most) made only from constants and from the
-caller's real input tensors and buffers, and answers those reads with it. Random numbers,
-uninitialised memory, the weights and meta tensors have no known value: a read of a
-tensor made from them still fails (see :func:`unknown_value_hint`). A read of a value made from
-random numbers (LayerDrop's ``torch.rand([]) < p``, deciding whether to skip a layer) fails
-with its own hint: an analytic run draws none, and a value it would invent would decide
-the step's cost.
+Fake tensors carry no values, so Python that reads one (``bool(mask.all())``, ``.item()``, ``.tolist()``,
+``torch.equal``) and ops whose output size depends on one (``nonzero``, ``masked_select``, ``unique``,
+``repeat_interleave``) cannot run on them. Models read values mostly where they follow from constants:
+``nn.TransformerEncoder`` compares the mask it is given with a causal mask to choose its causal path, a decoder builds
+its mask with ``torch.full(...).triu(1)``, positions come from ``arange``, a padding mask arrives with the inputs.
+:class:`KnownValues` works out, on the CPU beside the run, the value of each small tensor (:data:`LIMIT` elements at
+most) made only from constants and from the caller's real input tensors and buffers, and answers those reads with it.
+Random numbers, uninitialised memory, the weights and meta tensors have no known value: a read of a tensor made from
+them still fails (see :func:`unknown_value_hint`). A read of a value made from random numbers (LayerDrop's
+``torch.rand([]) < p``, deciding whether to skip a layer) fails with its own hint: an analytic run draws none, and a
+value it would invent would decide the step's cost.
 
-Aliasing is followed as it is in a real run: a view's value is a view of its base's, so
-writes through either reach both; a write whose operands are not all known makes the
-written tensor, and every tensor sharing its storage, unknown.
+Aliasing is followed as it is in a real run: a view's value is a view of its base's, so writes through either
+reach both; a write whose operands are not all known makes the written tensor, and every tensor sharing its storage, unknown.
 
 A check of a value the run does not know, whose failing branch raises at once, is taken to pass
-(:func:`~.paths.passing_value`): ``torch.distributions`` validating its parameters (``if not
-torch._is_all_true(scale > 0): raise ValueError``), ``F.gaussian_nll_loss``'s ``if
-torch.any(var < 0): raise``, a model's ``assert (x >= 0).all()``. The real run that an analytic
-run stands for passes them, or it would not be profiled; the check's own ops are counted as run.
+(:func:`~.paths.passing_value`): ``torch.distributions`` validating its parameters
+(``if not torch._is_all_true(scale > 0): raise ValueError``), ``F.gaussian_nll_loss``'s ``if torch.any(var < 0): raise``,
+a model's ``assert (x >= 0).all()``. The real run that an analytic run stands for passes them, or it would not be
+profiled; the check's own ops are counted as run.
 
-Unknown values are taken to be finite numbers unless the model puts non-finite ones there: an
-operand that is a non-finite number (``masked_fill(mask, float("-inf"))``), a known value that
-holds one (the log of a known padding mask), or a value made from either. Tests of finiteness on
-the others have their finite answer (``isinf``, ``isnan``, ``x != x``, ``x == inf``), so that a
-model guarding against overflow (DETR's training layers: ``if torch.isinf(h).any() or
-torch.isnan(h).any(): clamp``) runs as a real run on sound values does. Overflow and division by
-zero, which a real run may meet, are not followed.
+Unknown values are taken to be finite numbers unless the model puts non-finite ones there: an operand that is a
+non-finite number (``masked_fill(mask, float("-inf"))``), a known value that holds one (the log of a known padding
+mask), or a value made from either. Tests of finiteness on the others have their finite answer (``isinf``, ``isnan``,
+``x != x``, ``x == inf``), so that a model guarding against overflow (DETR's training layers:
+``if torch.isinf(h).any() or torch.isnan(h).any(): clamp``) runs as a real run on sound values does. Overflow and
+division by zero, which a real run may meet, are not followed.
 """
 
 from __future__ import annotations
@@ -47,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..ops import DEVICE_QUERY, METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments, fake_device
+from .fake import detached
 from .finiteness import EQUALITY, FINITENESS_TESTS, is_finite_number, on_finite_numbers
 from .paths import passing_value
 
@@ -98,9 +94,11 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self,
         sources: Iterable[tuple[torch.Tensor, torch.Tensor]] = (),
         decided: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+        followed: Callable[[torch.Tensor], bool] = lambda t: False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._decided = decided  # values a mode beneath gives its outputs (the experts a balanced router hits)
+        self._followed = followed  # tensors a mode beneath follows (a router's indices and masks)
         self._values: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         # func -> (values computable, what it writes, whether it draws random numbers)
         self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...], bool]] = {}
@@ -181,6 +179,8 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func in METADATA:
             return func(*args, **kwargs)
         if self._plain(func, args, kwargs):  # most ops: nothing known in, nothing known out
+            if func is aten.detach.default and type(args[0]) is FakeTensor and not self._followed(args[0]):
+                return detached(args[0])  # (autograd's, of each tensor it saves): nothing beneath acts on it
             out = func(*args, **kwargs)
             if self._decided is not None and isinstance(out, FakeTensor) and (decided := self._decided(out)) is not None:
                 self._remember(out, decided)
