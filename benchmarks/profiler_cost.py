@@ -83,6 +83,7 @@ from pytest_modelprof.engine.analytic import modes as modes_module  # noqa: E402
 from pytest_modelprof.engine.analytic.cuda.functions import CudaFunctions  # noqa: E402
 from pytest_modelprof.engine.analytic.cuda.rnn import CudaOps  # noqa: E402
 from pytest_modelprof.engine.analytic.kernel_outputs import KernelOutputs  # noqa: E402
+from pytest_modelprof.engine.analytic.layers import Layer, Stacked  # noqa: E402
 from pytest_modelprof.engine.analytic.routing import Routing  # noqa: E402
 from pytest_modelprof.engine.analytic.values import KnownValues  # noqa: E402
 from pytest_modelprof.engine.formulas import OpCost  # noqa: E402
@@ -352,9 +353,16 @@ def _passthrough_function(self: Any, func: Any, types: Any, args: Any = (), kwar
     return func(*args, **(kwargs or {}))
 
 
+def _passthrough_layer(self: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    return self.below(func, types, args, kwargs)
+
+
 def dispatch_passthrough(cls: type) -> Any:
     """``cls.__torch_dispatch__`` replaced by a pass-through, wrapped as TorchDispatchMode wraps a subclass's
-    own (``torch._disable_dynamo``): the mode stays on the stack, its logic is gone."""
+    own (``torch._disable_dynamo``): the mode stays on the stack, its logic is gone. For a layer of the
+    analytic run's stacked mode (analytic/layers.py), its ``handle``: it stays in the stack, passing every op on."""
+    if issubclass(cls, Layer):
+        return patched(cls, "handle", _passthrough_layer)
     return patched(cls, "__torch_dispatch__", torch._disable_dynamo(_passthrough_dispatch, recursive=True))
 
 
@@ -383,6 +391,26 @@ class _NoMode:
 
     def mark_unbounded(self, tensors: Any) -> None:  # KnownValues'
         pass
+
+
+class _StackedPresent(Stacked):
+    """The analytic run's stacked mode with the layers an ablation does not enter (a :class:`_NoMode`) left out."""
+
+    def __init__(self, *layers: Any) -> None:
+        present = [layer for layer in layers if isinstance(layer, Layer)]
+        if present:
+            super().__init__(*present)
+        else:
+            TorchDispatchMode.__init__(self)
+            self.layers = ()
+            self._top = _passthrough_dispatch.__get__(self)  # no layer left: the mode only passes ops on
+
+
+def _layer_removed(name: str) -> Any:
+    stack = contextlib.ExitStack()
+    stack.enter_context(patched(modes_module, name, _NoMode))
+    stack.enter_context(patched(modes_module, "Stacked", _StackedPresent))
+    return stack
 
 
 class _Handle:
@@ -423,7 +451,7 @@ def _dispatcher_off_stack() -> Any:
     return stack
 
 
-_ENGINE_DISPATCH_MODES = (Dispatcher, KnownValues, KernelOutputs, Routing, CudaOps)
+_ENGINE_DISPATCH_MODES = (Dispatcher, Stacked)
 
 
 def _dynamo_wrappers_off() -> Any:
@@ -449,6 +477,7 @@ def _analytic_modes_removed(dispatcher: bool = False) -> Any:
     stack = contextlib.ExitStack()
     for name in ("KnownValues", "KernelOutputs", "Routing"):
         stack.enter_context(patched(modes_module, name, _NoMode))
+    stack.enter_context(patched(modes_module, "Stacked", _StackedPresent))
     if dispatcher:
         stack.enter_context(_dispatcher_off_stack())
     return stack
@@ -496,29 +525,29 @@ ABLATIONS: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "collective meter": ("collective meter", "CollectiveMeter.op not called", lambda: patched(CollectiveMeter, "op", Meter.op)),
     "known values pass-through": (
         "known values",
-        "KnownValues.__torch_dispatch__ -> pass-through",
+        "KnownValues.handle -> pass-through",
         lambda: dispatch_passthrough(KnownValues),
     ),
     "known values removed": (
         "known values, the mode at all",
         "KnownValues not entered",
-        lambda: patched(modes_module, "KnownValues", _NoMode),
+        lambda: _layer_removed("KnownValues"),
     ),
     "kernel outputs pass-through": (
         "kernel outputs",
-        "KernelOutputs.__torch_dispatch__ -> pass-through",
+        "KernelOutputs.handle -> pass-through",
         lambda: dispatch_passthrough(KernelOutputs),
     ),
     "kernel outputs removed": (
         "kernel outputs, the mode at all",
         "KernelOutputs not entered",
-        lambda: patched(modes_module, "KernelOutputs", _NoMode),
+        lambda: _layer_removed("KernelOutputs"),
     ),
-    "routing pass-through": ("routing", "Routing.__torch_dispatch__ -> pass-through", lambda: dispatch_passthrough(Routing)),
-    "routing removed": ("routing, the mode at all", "Routing not entered", lambda: patched(modes_module, "Routing", _NoMode)),
+    "routing pass-through": ("routing", "Routing.handle -> pass-through", lambda: dispatch_passthrough(Routing)),
+    "routing removed": ("routing, the mode at all", "Routing not entered", lambda: _layer_removed("Routing")),
     "dynamo-disable wrappers off": (
         "torch._disable_dynamo around the engine's modes",
-        "each engine mode's __torch_dispatch__ unwrapped (as _should_skip_dynamo() -> False would leave it)",
+        "the dispatcher's and the stacked analytic mode's __torch_dispatch__ unwrapped (as _should_skip_dynamo() -> False would)",
         _dynamo_wrappers_off,
     ),
     "memo off": ("leaf-module and block memos (a saving: negative)", "Dispatcher.replayable -> False", _memo_off),
@@ -536,7 +565,7 @@ ABLATIONS: dict[str, tuple[str, str, Callable[[], Any]]] = {
     ),
     "CUDA ops mode pass-through": (
         "CUDA kernel choices: CudaOps",
-        "CudaOps.__torch_dispatch__ -> pass-through",
+        "CudaOps.handle -> pass-through",
         lambda: dispatch_passthrough(CudaOps),
     ),
     "CUDA function mode pass-through": (
@@ -764,7 +793,7 @@ def profiled(fn: Callable[[], Any]) -> Attribution:
 
 
 def _dispatch_code(cls: type) -> tuple[str, int]:
-    code = inspect.unwrap(vars(cls)["__torch_dispatch__"]).__code__
+    code = inspect.unwrap(vars(cls)["handle" if issubclass(cls, Layer) else "__torch_dispatch__"]).__code__
     return str(Path(code.co_filename).resolve()), code.co_firstlineno
 
 
@@ -772,7 +801,7 @@ _MODES = {"Dispatcher": Dispatcher, "KnownValues": KnownValues, "KernelOutputs":
 
 
 def mode_calls(calls: dict[tuple[str, int, str], tuple[int, int]]) -> dict[str, int]:
-    """How many ops reached each dispatch mode's ``__torch_dispatch__`` (its primitive calls)."""
+    """How many ops reached each dispatch mode's ``__torch_dispatch__`` (a layer's ``handle``; its primitive calls)."""
     where = {_dispatch_code(cls): label for label, cls in {**_MODES, "FakeTensorMode": FakeTensorMode}.items()}
     seen: dict[str, int] = {}
     for (filename, line, _name), (_nc, cc) in calls.items():

@@ -67,9 +67,9 @@ import torch
 from torch._ops import HigherOrderOperator
 from torch._prims_common import make_contiguous_strides_for, suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..ops import DEVICE_QUERY, REDUCED_LOSSES, REGISTRY, bound_arguments, fake_device, reorder_dimensions
+from ..ops import REDUCED_LOSSES, REGISTRY, bound_arguments, reorder_dimensions
+from .layers import Layer
 
 aten = torch.ops.aten
 
@@ -200,22 +200,15 @@ def _onednn_lstm_gradients(out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor,
     return tuple(made)
 
 
-class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class KernelOutputs(Layer):
     """Gives the outputs the module's notes list the storage and layout their kernels give them (fake tensors only)."""
 
-    supports_higher_order_operators = True  # and passes them on (see observe/hops.py)
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
-            return device  # (see ops.DEVICE_QUERY)
+    def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         acts = _ACTING.get(func)
         if acts is None:
             acts = _ACTING[func] = _acts_on(func)
         if not acts:
-            return func(*args, **(kwargs or {}))  # most ops: the meta kernel's outputs are the kernel's
+            return self.below(func, types, args, kwargs)  # most ops: the meta kernel's outputs are the kernel's
         kwargs = kwargs or {}
         fake = any(isinstance(a, FakeTensor) for a in args[:3])  # a number may come first (pow.Scalar)
         if fake and func in _ONE_DTYPE:
@@ -230,7 +223,7 @@ class KernelOutputs(TorchDispatchMode):  # type: ignore[no-untyped-call]
             _check_mixed_cpu_norm(args, *_NORMS[func])
         if fake and func is _GROUPED_MM and args[0].dtype not in (torch.bfloat16, torch.float16):
             return _grouped_mm(*args, **kwargs)
-        out = func(*args, **kwargs)
+        out = self.below(func, types, args, kwargs)
         if not fake:
             return out
         if func is aten.mkldnn_rnn_layer.default and torch.is_grad_enabled():

@@ -25,6 +25,11 @@ enters them in this order, from the bottom of the stack up:
    converted in place (:func:`~.fake.conversions_in_place`), and ``F.one_hot`` run as the device's
    kernel (:func:`~.fake.device_one_hot`).
 
+Routing, the kernels' outputs, CUDA's ops (:class:`~.cuda.rnn.CudaOps`, of the target's kernel choices) and the
+known values are not four modes but the layers of one, :class:`~.layers.Stacked`, entered in the place of the
+known values: an op passes through them in the order above, each handing it to the next in Python (a mode
+of its own would cost each op a round trip through C++; see :mod:`.layers`).
+
 A device query of a fake tensor (``prim.device``: the autograd engine asks it in C++ of every tensor it
 records or checks, two in three of a fake step's dispatches) is answered by the first of the engine's modes
 it reaches, the meters' dispatcher included, as the fake mode answers it (:func:`..ops.fake_device`).
@@ -54,6 +59,7 @@ from ..targets.gpus import GPUSpec
 from .cuda import CudaKernels
 from .fake import analytic_meta_kernels, conversions_in_place, device_one_hot, quiet_meta_failures
 from .kernel_outputs import KernelOutputs
+from .layers import Layer, Stacked
 from .paths import eager_paths
 from .routing import Routing
 from .values import KnownValues
@@ -89,14 +95,16 @@ def analytic_modes(
     with contextlib.ExitStack() as stack:
         stack.enter_context(fake_mode)
         stack.enter_context(quiet_meta_failures())
-        routing = stack.enter_context(Routing())  # the sizes of a router's masks (see routing.py)
+        routing = Routing()  # the sizes of a router's masks (see routing.py)
         stack.enter_context(_dense_encoders(model))
         stack.enter_context(analytic_meta_kernels())
-        stack.enter_context(KernelOutputs())  # outputs whose storage the kernel sizes otherwise than the meta kernel
+        outputs = KernelOutputs()  # outputs whose storage the kernel sizes otherwise than the meta kernel
         known = KnownValues(sources, routing.decided, routing.follows)  # values that follow from constants and inputs
+        layers: list[Layer] = [known, outputs, routing]
         if gpu is not None:  # the target GPU's kernel choices, beneath every meter
-            stack.enter_context(CudaKernels(gpu, known.value))
-        stack.enter_context(known)
+            kernels = stack.enter_context(CudaKernels(gpu, known.value))
+            layers.insert(1, kernels.ops)
+        stack.enter_context(Stacked(*layers))  # the four dispatch modes, run as one (see layers.py)
         stack.enter_context(eager_paths(known.value))
         stack.enter_context(conversions_in_place())
         stack.enter_context(device_one_hot(known.value))

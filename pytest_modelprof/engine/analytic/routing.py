@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 from torch._ops import HigherOrderOperator
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import ProfileError
-from ..ops import DEVICE_QUERY, beneath_the_run, fake_device
+from ..ops import beneath_the_run
+from .layers import Layer
 
 aten = torch.ops.aten
 
@@ -97,13 +97,11 @@ _FOLLOWED = frozenset(
 )
 
 
-class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class Routing(Layer):  # type: ignore[no-untyped-call]
     """Follows router indices and the masks made of them; answers ``nonzero`` on those masks."""
 
-    supports_higher_order_operators = True  # and passes them on (see observe/hops.py)
-
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         # id(tensor) -> (tensor, value): ("indices", n) uniform over n choices; ("density", p) a mask
         self._known: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...]]] = {}
         self._decided: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
@@ -123,11 +121,9 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if isinstance(t, torch.Tensor):
             self._known[id(t)] = (weakref.ref(t), value)
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
-            return device  # (see ops.DEVICE_QUERY)
+    def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if func not in _FOLLOWED or isinstance(func, HigherOrderOperator):
-            return func(*args, **(kwargs or {}))  # most ops: nothing to follow
+            return self.below(func, types, args, kwargs)  # most ops: nothing to follow
         kwargs = kwargs or {}
         if func is aten.nonzero.default:
             self.acted += 1
@@ -138,7 +134,7 @@ class Routing(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func is aten.bincount.default and (counted := self._bincount(args, kwargs)) is not None:
             self.acted += 1
             return counted
-        out = func(*args, **kwargs)
+        out = self.below(func, types, args, kwargs)
         if func in _COUNTS_BY_ELEMENT and (known := self._get(args[0])) is not None and known[0] == "counts":
             self._split_counts(func, args, out, known[1])
             return out

@@ -38,12 +38,13 @@ from typing import Any
 import torch
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..ops import DEVICE_QUERY, METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments, fake_device
+from ..ops import METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments
 from .fake import detached
 from .finiteness import EQUALITY, FINITENESS_TESTS, is_finite_number, on_finite_numbers
+from .layers import Layer
 from .paths import passing_value
 
 aten = torch.ops.aten
@@ -84,11 +85,9 @@ class RandomValueRead(DataDependentOutputException):
     """A read of a value an analytic run cannot have: one made from random numbers."""
 
 
-class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class KnownValues(Layer):
     """Works out the values of small tensors made from constants and ``sources`` (pairs of a run's fake
     tensor and the real tensor it stands for), and answers reads of them (see the module's notes)."""
-
-    supports_higher_order_operators = True  # and passes them on (see observe/hops.py)
 
     def __init__(
         self,
@@ -170,18 +169,16 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     # dispatch --------------------------------------------------------------------
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
-            return device  # (see ops.DEVICE_QUERY)
+    def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if isinstance(func, HigherOrderOperator):
-            return func(*args, **(kwargs or {}))
+            return self.below(func, types, args, kwargs)
         kwargs = kwargs or {}
         if func in METADATA:
-            return func(*args, **kwargs)
+            return self.below(func, types, args, kwargs)
         if self._plain(func, args, kwargs):  # most ops: nothing known in, nothing known out
             if func is aten.detach.default and type(args[0]) is FakeTensor and not self._followed(args[0]):
                 return detached(args[0])  # (autograd's, of each tensor it saves): nothing beneath acts on it
-            out = func(*args, **kwargs)
+            out = self.below(func, types, args, kwargs)
             if self._decided is not None and isinstance(out, FakeTensor) and (decided := self._decided(out)) is not None:
                 self._remember(out, decided)
             return out
@@ -207,7 +204,7 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func is aten._pack_padded_sequence.default:
             return self._pack(*args, **kwargs)
         try:
-            out = func(*args, **kwargs)
+            out = self.below(func, types, args, kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as error:
             # sized by values beneath (an index by a boolean mask runs nonzero in its fake kernel)
             masks = all(v is not None for t, v in zip(tensors, values) if t.dtype == torch.bool)
@@ -386,17 +383,14 @@ class KnownValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
         features = input.shape[2:]
         return input.new_empty((sum(counts), *features)), batch_sizes
 
-    def __enter__(self) -> KnownValues:
+    def started(self) -> None:
         # the padding back of a packed sequence is a composite that reads its batch sizes in C++:
         # run as its Python equivalent (pad_packed), which reads them as numbers
         self._patched = "_pad_packed_sequence" not in vars(torch._VF)
         if self._patched:  # (torch._VF looks its functions up: one set on it comes first, until deleted)
             setattr(torch._VF, "_pad_packed_sequence", _pad_packed)  # noqa: B010 (the module is typed)
-        super().__enter__()  # type: ignore[no-untyped-call]
-        return self
 
-    def __exit__(self, *exc: Any) -> None:
-        super().__exit__(*exc)  # type: ignore[no-untyped-call]
+    def stopped(self) -> None:
         if self._patched:
             delattr(torch._VF, "_pad_packed_sequence")
 

@@ -50,6 +50,7 @@ class CudaKernels:
     def __init__(self, gpu: GPUSpec, values: Callable[[torch.Tensor], torch.Tensor | None] = lambda t: None) -> None:
         self.gpu = gpu
         self.values = values  # the values the run knows (engine/analytic/values.py), for choices that read them
+        self.ops = CudaOps(values)  # its dispatch mode: a layer the run stacks with its others (see analytic/layers.py)
 
     def __enter__(self) -> CudaKernels:
         self._stock = F.scaled_dot_product_attention
@@ -60,7 +61,6 @@ class CudaKernels:
             stock = getattr(torch._VF, name)
             setattr(torch._VF, name, recurrent(stock, mode))
             self._exits.callback(delattr, torch._VF, name)
-        self._exits.enter_context(CudaOps(self.values))
         self._exits.enter_context(CudaFunctions(self.attention, FusedPaths(self.gpu, self.attention)))
         stock_check = torch.overrides.has_torch_function
         torch.overrides.has_torch_function = has_torch_function(stock_check)

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import DataDependentOutputException
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
-from ...ops import DEVICE_QUERY, fake_device
 from ..backward import in_backward
+from ..layers import Layer
 
 aten = torch.ops.aten
 
@@ -93,7 +93,7 @@ def reserve_bytes(mode: int, seq: int, batch: int, hidden: int, layers: int, dir
     return seq * batch * per_step * element + RESERVE_ALIGNMENT
 
 
-class CudaOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class CudaOps(Layer):  # type: ignore[no-untyped-call]
     """CUDA's ops that fake tensors cannot run as the GPU would (fake tensors only): ``aten._cudnn_rnn``
     and its backward, with the outputs cuDNN makes; the fused LSTM cell; the choice of CTC's kernel
     (``_use_cudnn_ctc_loss``, which reads the lengths' values: ``values`` gives those the run knows).
@@ -103,18 +103,14 @@ class CudaOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
     cannot call): that clone of a reserve is answered with the reserve itself.
     """
 
-    supports_higher_order_operators = True  # and passes them on (see observe/hops.py)
-
     def __init__(self, values: Callable[[torch.Tensor], torch.Tensor | None] = lambda t: None) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._reserves: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         self._values = values
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
-            return device  # (see ops.DEVICE_QUERY)
+    def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if isinstance(func, HigherOrderOperator):
-            return func(*args, **(kwargs or {}))
+            return self.below(func, types, args, kwargs)
         kwargs = kwargs or {}
         if func is aten._cudnn_rnn.default:
             out = self._forward(*args, **kwargs)
@@ -133,7 +129,7 @@ class CudaOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return self._cudnn_ctc(func, *args, **kwargs)
         if func.overloadpacket is _USE_MIOPEN_CTC:
             return False  # ROCm's kernel: never on an NVIDIA GPU
-        return func(*args, **kwargs)
+        return self.below(func, types, args, kwargs)
 
     def _cudnn_ctc(
         self, func: Any, log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any, target_lengths: Any, blank: int
