@@ -1,32 +1,37 @@
 """Values that an analytic run knows: tensors made from constants and from the caller's real tensors.
 
-Fake tensors carry no values, so Python that reads one (``bool(mask.all())``, ``.item()``, ``.tolist()``,
-``torch.equal``) and ops whose output size depends on one (``nonzero``, ``masked_select``, ``unique``,
-``repeat_interleave``) cannot run on them. Models read values mostly where they follow from constants:
-``nn.TransformerEncoder`` compares the mask it is given with a causal mask to choose its causal path, a decoder builds
-its mask with ``torch.full(...).triu(1)``, positions come from ``arange``, a padding mask arrives with the inputs.
-:class:`KnownValues` works out, on the CPU beside the run, the value of each small tensor (:data:`LIMIT` elements at
-most) made only from constants and from the caller's real input tensors and buffers, and answers those reads with it.
-Random numbers, uninitialised memory, the weights and meta tensors have no known value: a read of a tensor made from
-them still fails (see :func:`unknown_value_hint`). A read of a value made from random numbers (LayerDrop's
-``torch.rand([]) < p``, deciding whether to skip a layer) fails with its own hint: an analytic run draws none, and a
-value it would invent would decide the step's cost.
+Fake tensors carry no values, so Python that reads one (``bool(mask.all())``, ``.item()``,
+``.tolist()``, ``torch.equal``) and ops whose output size depends on one (``nonzero``,
+``masked_select``, ``unique``, ``repeat_interleave``) cannot run on them. Models read
+values mostly where they follow from constants: ``nn.TransformerEncoder`` compares the
+mask it is given with a causal mask to choose its causal path, a decoder builds its mask
+with ``torch.full(...).triu(1)``, positions come from ``arange``, a padding mask arrives
+with the inputs. :class:`KnownValues` works out, on the CPU beside the run, the value of
+each small tensor (:data:`LIMIT` elements at most) made only from constants and from the
+caller's real input tensors and buffers, and answers those reads with it. Random numbers,
+uninitialised memory, the weights and meta tensors have no known value: a read of a
+tensor made from them still fails (see :func:`unknown_value_hint`). A read of a value made from
+random numbers (LayerDrop's ``torch.rand([]) < p``, deciding whether to skip a layer) fails
+with its own hint: an analytic run draws none, and a value it would invent would decide
+the step's cost.
 
-Aliasing is followed as it is in a real run: a view's value is a view of its base's, so writes through either
-reach both; a write whose operands are not all known makes the written tensor, and every tensor sharing its storage, unknown.
+Aliasing is followed as it is in a real run: a view's value is a view of its base's, so
+writes through either reach both; a write whose operands are not all known makes the
+written tensor, and every tensor sharing its storage, unknown.
 
 A check of a value the run does not know, whose failing branch raises at once, is taken to pass
-(:func:`~.paths.passing_value`): ``torch.distributions`` validating its parameters
-(``if not torch._is_all_true(scale > 0): raise ValueError``), ``F.gaussian_nll_loss``'s ``if torch.any(var < 0): raise``,
-a model's ``assert (x >= 0).all()``. The real run that an analytic run stands for passes them, or it would not be
-profiled; the check's own ops are counted as run.
+(:func:`~.paths.passing_value`): ``torch.distributions`` validating its parameters (``if not
+torch._is_all_true(scale > 0): raise ValueError``), ``F.gaussian_nll_loss``'s ``if
+torch.any(var < 0): raise``, a model's ``assert (x >= 0).all()``. The real run that an analytic
+run stands for passes them, or it would not be profiled; the check's own ops are counted as run.
 
-Unknown values are taken to be finite numbers unless the model puts non-finite ones there: an operand that is a
-non-finite number (``masked_fill(mask, float("-inf"))``), a known value that holds one (the log of a known padding
-mask), or a value made from either. Tests of finiteness on the others have their finite answer (``isinf``, ``isnan``,
-``x != x``, ``x == inf``), so that a model guarding against overflow (DETR's training layers:
-``if torch.isinf(h).any() or torch.isnan(h).any(): clamp``) runs as a real run on sound values does. Overflow and
-division by zero, which a real run may meet, are not followed.
+Unknown values are taken to be finite numbers unless the model puts non-finite ones there: an
+operand that is a non-finite number (``masked_fill(mask, float("-inf"))``), a known value that
+holds one (the log of a known padding mask), or a value made from either. Tests of finiteness on
+the others have their finite answer (``isinf``, ``isnan``, ``x != x``, ``x == inf``), so that a
+model guarding against overflow (DETR's training layers: ``if torch.isinf(h).any() or
+torch.isnan(h).any(): clamp``) runs as a real run on sound values does. Overflow and division by
+zero, which a real run may meet, are not followed.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ class RandomValueRead(DataDependentOutputException):
     """A read of a value an analytic run cannot have: one made from random numbers."""
 
 
-class KnownValues(Layer):
+class KnownValues(Layer):  # type: ignore[no-untyped-call]
     """Works out the values of small tensors made from constants and ``sources`` (pairs of a run's fake
     tensor and the real tensor it stands for), and answers reads of them (see the module's notes)."""
 
@@ -95,7 +100,7 @@ class KnownValues(Layer):
         decided: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
         followed: Callable[[torch.Tensor], bool] = lambda t: False,
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self._decided = decided  # values a mode beneath gives its outputs (the experts a balanced router hits)
         self._followed = followed  # tensors a mode beneath follows (a router's indices and masks)
         self._values: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
