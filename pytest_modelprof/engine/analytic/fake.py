@@ -273,7 +273,7 @@ def detached(t: FakeTensor) -> FakeTensor:
     the mode keeps for the output, go through the mode."""
     mode = t.fake_mode
     if mode.shape_env is not None or getattr(t, "dispatch_keys", None) is not None:
-        return t.detach()  # type: ignore[return-value]
+        return torch.ops.aten.detach.default(t)  # type: ignore[no-any-return]
     with in_kernel_invocation_manager(mode):
         meta = torch.ops.aten.detach.default(t)
     made = mode.fake_tensor_converter.from_meta_and_device(mode, meta, t.fake_device)

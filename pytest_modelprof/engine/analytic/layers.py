@@ -8,10 +8,13 @@ passes an op on with :attr:`~Layer.below`, and :class:`Stacked` runs the layers 
 on to the next in Python and the last to the modes beneath (the fake mode). A layer can still run as a mode
 of its own (its ``below`` then calls the op).
 
-Stacked, a layer's own work is not seen by the layers beneath it: the ops it makes itself (the empty
-outputs a layer shapes, a restride) go straight to the fake mode, where entered one by one they would pass
-through the modes beneath. No layer acts on the ops another makes (creation ops, ``resize_``,
-``as_strided_``), so that changes nothing; a layer that comes to act on them must keep it so.
+Stacked, a layer's own work is not seen by the layers beneath it: the ops it makes itself go straight to the
+fake mode, where entered one by one they would pass through the modes beneath. Those ops are the empty outputs a
+layer shapes (``empty``, ``new_empty``, ``empty_like``, ``empty_strided``), ``resize_`` and ``as_strided_`` (the
+known values, the kernels' outputs, CUDA's ops), and the slices and views of a fresh contiguous buffer CUDA's
+recurrent backward cuts its weights' gradients from. No layer beneath acts on those: the kernels' outputs and
+routing act on views only of tensors they lay out or follow, and routing on no creation op but ``arange``.
+A layer that comes to act on another's own ops must keep it so.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class Stacked(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __init__(self, *layers: Layer) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
+        if not layers:
+            raise ValueError("Stacked needs at least one layer")
         for upper, lower in zip(layers, layers[1:]):
             upper.below = lower.handle
         layers[-1].below = called

@@ -16,7 +16,7 @@ enters them in this order, from the bottom of the stack up:
    beneath the target's kernel choices and the values, so that every mode above (the meters
    included) sees an op's outputs as the kernel made them;
 5. :class:`~.cuda.CudaKernels`, for a target GPU only: the kernels that GPU would choose
-   (attention backend, cuDNN recurrent layers, fused paths, device queries), beneath every meter,
+   (attention backend, cuDNN recurrent layers through its layer ``ops``, fused paths, device queries), beneath every meter,
    so the meters count the kernels the target runs; its choices that read values read them from
    the known values, which it is given before they are entered;
 6. :class:`~.values.KnownValues`, the topmost mode here, right beneath the meters: it works out the

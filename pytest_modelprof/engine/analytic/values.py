@@ -182,7 +182,7 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
             return self.below(func, types, args, kwargs)
         if self._plain(func, args, kwargs):  # most ops: nothing known in, nothing known out
             if func is aten.detach.default and type(args[0]) is FakeTensor and not self._followed(args[0]):
-                return detached(args[0])  # (autograd's, of each tensor it saves): nothing beneath acts on it
+                return detached(args[0])  # (autograd's, of each tensor it saves): only a router's follow a detach
             out = self.below(func, types, args, kwargs)
             if self._decided is not None and isinstance(out, FakeTensor) and (decided := self._decided(out)) is not None:
                 self._remember(out, decided)

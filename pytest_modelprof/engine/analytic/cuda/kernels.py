@@ -15,7 +15,9 @@ answered from the target's :class:`~...targets.gpus.GPUSpec`, by subject:
 - :mod:`.meta`: meta kernels of the CUDA ops PyTorch has none for;
 - :mod:`.device`: the device queries a model makes, and autocast enabled as on the GPU.
 
-:class:`CudaKernels` puts them in place for a run.
+:class:`CudaKernels` puts them in place for a run, but for its dispatch mode, :class:`~.rnn.CudaOps` (``CudaKernels.ops``),
+which the run stacks with its other layers (see ``analytic/layers.py``): on its own, CudaKernels leaves the recurrent
+ops and CTC's choice to the fake mode.
 """
 
 from __future__ import annotations
