@@ -401,7 +401,7 @@ class _StackedPresent(Stacked):
         if present:
             super().__init__(*present)
         else:
-            TorchDispatchMode.__init__(self)
+            Layer.__init__(self)
             self.layers = ()
             self._top = _passthrough_dispatch.__get__(self)  # no layer left: the mode only passes ops on
 
@@ -451,7 +451,7 @@ def _dispatcher_off_stack() -> Any:
     return stack
 
 
-_ENGINE_DISPATCH_MODES = (Dispatcher, Stacked)
+_ENGINE_DISPATCH_MODES = (Dispatcher, Layer)  # (the stacked mode's is its Layer's)
 
 
 def _dynamo_wrappers_off() -> Any:

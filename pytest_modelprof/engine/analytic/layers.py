@@ -67,13 +67,12 @@ class Layer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.stopped()
 
 
-class Stacked(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """``layers`` as one dispatch mode, the first on top: what each passes on goes to the next."""
-
-    supports_higher_order_operators = True
+class Stacked(Layer):  # type: ignore[no-untyped-call]
+    """``layers`` as one dispatch mode, the first on top: what each passes on goes to the next, and the last's
+    to the modes beneath; entered, it starts each layer, and stops each as it leaves."""
 
     def __init__(self, *layers: Layer) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         if not layers:
             raise ValueError("Stacked needs at least one layer")
         for upper, lower in zip(layers, layers[1:]):
@@ -82,18 +81,13 @@ class Stacked(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.layers = layers
         self._top = layers[0].handle
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
-            return device  # (see ops.DEVICE_QUERY)
+    def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         return self._top(func, types, args, kwargs)
 
-    def __enter__(self) -> Stacked:
+    def started(self) -> None:
         for layer in self.layers:
             layer.started()
-        super().__enter__()  # type: ignore[no-untyped-call]
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        super().__exit__(*exc)  # type: ignore[no-untyped-call]
+    def stopped(self) -> None:
         for layer in reversed(self.layers):
             layer.stopped()
