@@ -402,7 +402,13 @@ class _StackedPresent(Stacked):
             super().__init__(*present)
         else:
             Layer.__init__(self)
-            self.layers = ()
+            self.layers, self._own = [], ()
+            self._link()
+
+    def _link(self) -> None:
+        if self.layers:
+            super()._link()
+        else:
             self._top = _passthrough_dispatch.__get__(self)  # no layer left: the mode only passes ops on
 
 
@@ -445,13 +451,15 @@ def _tracker_removed() -> Any:
 
 
 def _dispatcher_off_stack() -> Any:
+    """The dispatcher neither a mode of its own (a real run's) nor the top layer of the analytic modes' stacked mode."""
     stack = contextlib.ExitStack()
     stack.enter_context(patched(Dispatcher, "__enter__", lambda self: self))
     stack.enter_context(patched(Dispatcher, "__exit__", lambda self, *exc: None))
+    stack.enter_context(patched(Stacked, "topped", lambda self, layer: contextlib.nullcontext()))
     return stack
 
 
-_ENGINE_DISPATCH_MODES = (Dispatcher, Layer)  # (the stacked mode's is its Layer's)
+_ENGINE_DISPATCH_MODES = (Layer,)  # (the dispatcher and the stacked mode are layers: their mode's dispatch is Layer's)
 
 
 def _dynamo_wrappers_off() -> Any:
@@ -495,12 +503,12 @@ def _blocks_off() -> Any:
 ABLATIONS: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "dispatcher pass-through": (
         "dispatch, with every meter",
-        "Dispatcher.__torch_dispatch__ -> pass-through (no meter sees an op)",
+        "Dispatcher.handle -> pass-through (no meter sees an op)",
         lambda: dispatch_passthrough(Dispatcher),
     ),
     "dispatcher off the stack": (
         "dispatch mode, entered at all",
-        "Dispatcher not pushed on the mode stack (no meter sees an op)",
+        "Dispatcher neither on the mode stack nor atop the stacked mode (no meter sees an op)",
         _dispatcher_off_stack,
     ),
     "module tracking pass-through": (

@@ -1,12 +1,16 @@
 """The analytic run's dispatch modes, run as one mode (engine/analytic/layers.py)."""
 
+import contextlib
+
+import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from models import TinyCNN
 from pytest_modelprof import profile
+from pytest_modelprof.engine.analytic.kernel_outputs import KernelOutputs
 from pytest_modelprof.engine.analytic.layers import Layer, Stacked
 from pytest_modelprof.engine.analytic.routing import Routing
 from pytest_modelprof.engine.analytic.values import KnownValues
@@ -67,14 +71,16 @@ def test_stacked_layers_see_an_op_in_the_order_separate_modes_would():
     ]
 
 
-def test_an_analytic_run_has_one_engine_mode_beneath_its_meters(monkeypatch):
-    # the known values, the kernels' outputs and a router's masks are layers of one mode between the meters'
-    # dispatcher and the fake mode; each sees every op
+def test_an_analytic_run_has_one_engine_mode_above_the_fake_mode(monkeypatch):
+    # the meters' dispatcher, the known values, the kernels' outputs and a router's masks are layers of one mode
+    # above the fake mode, the dispatcher on top; each sees every op
     seen = {}
 
     class Probe(nn.Module):
         def forward(self, x):
-            seen["stack"] = [type(mode) for mode in _get_current_dispatch_mode_stack()]
+            stack = _get_current_dispatch_mode_stack()
+            seen.setdefault("stack", [type(mode) for mode in stack])  # (the analytic run's: the first)
+            seen.setdefault("layers", [type(layer) for layer in getattr(stack[-1], "layers", ())])
             return x * 2
 
     handled = []
@@ -94,7 +100,64 @@ def test_an_analytic_run_has_one_engine_mode_beneath_its_meters(monkeypatch):
     monkeypatch.setattr(KnownValues, "handle", handle)
     monkeypatch.setattr(Routing, "handle", route)
     result = profile(nn.Sequential(Probe(), TinyCNN()), torch.randn(2, 3, 16, 16), device="meta")
-    assert seen["stack"] == [FakeTensorMode, Stacked, Dispatcher]
+    assert seen["stack"] == [FakeTensorMode, Stacked]
+    assert seen["layers"] == [Dispatcher, KnownValues, KernelOutputs, Routing]
     assert aten.mul.Tensor in handled and aten.convolution.default in handled
     assert routed == handled  # (an inference step that reads no value: every op is passed on, to the bottom layer)
     assert result.flops == profile(nn.Sequential(Probe(), TinyCNN()), torch.randn(2, 3, 16, 16)).flops
+
+
+def test_a_layer_topped_on_an_entered_stack_sees_ops_first_until_lifted():
+    log = []
+    top, bottom, joining = Recording("top", log), Recording("bottom", log), Recording("joining", log)
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.ones(3))
+        stacked = Stacked(top, bottom)
+        with stacked:
+            with stacked.topped(joining):
+                x.mul(2)
+                stacked.lift(joining)  # (a memo's replay: the op runs unseen by it)
+                x.add(1)
+                stacked.put(joining)
+                x.sub(1)
+            x.div(2)
+    downs = [(name, func) for name, way, func in log if way == "down"]
+    assert downs == [
+        ("joining", aten.mul.Tensor),
+        ("top", aten.mul.Tensor),
+        ("bottom", aten.mul.Tensor),
+        ("top", aten.add.Tensor),
+        ("bottom", aten.add.Tensor),
+        ("joining", aten.sub.Tensor),
+        ("top", aten.sub.Tensor),
+        ("bottom", aten.sub.Tensor),
+        ("top", aten.div.Tensor),
+        ("bottom", aten.div.Tensor),
+    ]
+    # the joining layer set itself up: the stack starts and stops only its own layers
+    assert [entry[0] for entry in log if entry[1] in ("started", "stopped")] == ["top", "bottom", "bottom", "top"]
+    with pytest.raises(ValueError, match="only a layer put on top"):
+        stacked.lift(top)
+
+
+def test_the_dispatcher_stays_a_mode_of_its_own_where_another_mode_sits_between(monkeypatch):
+    # a mode entered between the analytic modes and the meters must see the ops between them, as before
+    seen = {}
+    stock = Dispatcher.attached
+
+    class Between(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.setdefault("between", []).append(func)
+            return func(*args, **(kwargs or {}))
+
+    def attached(self, saved=None):
+        with Between():
+            with stock(self, saved):
+                seen["stack"] = [type(mode) for mode in _get_current_dispatch_mode_stack()]
+                yield
+
+    monkeypatch.setattr(Dispatcher, "attached", contextlib.contextmanager(attached))
+    result = profile(TinyCNN(), torch.randn(2, 3, 16, 16), device="meta")
+    assert seen["stack"] == [FakeTensorMode, Stacked, Between, Dispatcher]
+    assert aten.convolution.default in seen["between"]
+    assert result.flops == profile(TinyCNN(), torch.randn(2, 3, 16, 16)).flops

@@ -15,11 +15,16 @@ known values, the kernels' outputs, CUDA's ops), and the slices and views of a f
 recurrent backward cuts its weights' gradients from. No layer beneath acts on those: the kernels' outputs and
 routing act on views only of tensors they lay out or follow, and routing on no creation op but ``arange``.
 A layer that comes to act on another's own ops must keep it so.
+
+The meters' dispatcher (:class:`~..observe.dispatch.Dispatcher`) is a layer too. Entered right above a stacked
+mode, with no mode between, it joins it as its top layer (:meth:`Stacked.topped`) for as long as it is
+entered, and so sees every op first, as it would as a mode of its own above it, one round trip sooner.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -66,6 +71,16 @@ class Layer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         super().__exit__(*exc)  # type: ignore[no-untyped-call]
         self.stopped()
 
+    @contextlib.contextmanager
+    def reentered(self) -> Iterator[None]:
+        """The mode pushed again from within its own dispatch, for the ops of what it runs there to come back to it
+        (a decomposition, a higher-order operator's kernel): not started or stopped again."""
+        TorchDispatchMode.__enter__(self)  # type: ignore[no-untyped-call]
+        try:
+            yield
+        finally:
+            TorchDispatchMode.__exit__(self, None, None, None)  # type: ignore[no-untyped-call]
+
 
 class Stacked(Layer):  # type: ignore[no-untyped-call]
     """``layers`` as one dispatch mode, the first on top: what each passes on goes to the next, and the last's
@@ -75,19 +90,46 @@ class Stacked(Layer):  # type: ignore[no-untyped-call]
         super().__init__()
         if not layers:
             raise ValueError("Stacked needs at least one layer")
-        for upper, lower in zip(layers, layers[1:]):
+        self.layers = list(layers)
+        self._own = layers  # (started and stopped by the stack; a layer put on top sets itself up)
+        self._link()
+
+    def _link(self) -> None:
+        for upper, lower in zip(self.layers, self.layers[1:]):
             upper.below = lower.handle
-        layers[-1].below = called
-        self.layers = layers
-        self._top = layers[0].handle
+        self.layers[-1].below = called
+        self._top = self.layers[0].handle
 
     def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         return self._top(func, types, args, kwargs)
 
+    @contextlib.contextmanager
+    def topped(self, layer: Layer) -> Iterator[None]:
+        """``layer`` the top layer while the context lasts (a layer joining a stack already entered, which it
+        neither starts nor stops: it sets itself up)."""
+        self.put(layer)
+        try:
+            yield
+        finally:
+            if layer in self.layers:
+                self.lift(layer)
+
+    def put(self, layer: Layer) -> None:
+        """``layer`` on top of the others."""
+        self.layers.insert(0, layer)
+        self._link()
+
+    def lift(self, layer: Layer) -> None:
+        """``layer`` out of the stack: the op it would have seen goes to the layer beneath it (one put on top)."""
+        if layer in self._own or self.layers[0] is not layer:
+            raise ValueError("only a layer put on top of others can be lifted")
+        self.layers.remove(layer)
+        self._link()
+
     def started(self) -> None:
-        for layer in self.layers:
+        for layer in self._own:
             layer.started()
 
     def stopped(self) -> None:
-        for layer in reversed(self.layers):
+        for layer in reversed(self._own):
             layer.stopped()

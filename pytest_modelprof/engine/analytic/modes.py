@@ -28,7 +28,8 @@ enters them in this order, from the bottom of the stack up:
 Routing, the kernels' outputs, CUDA's ops (:class:`~.cuda.rnn.CudaOps`, of the target's kernel choices) and the
 known values are not four modes but the layers of one, :class:`~.layers.Stacked`, entered in the place of the
 known values: an op passes through them in the order above, each handing it to the next in Python (a mode
-of its own would cost each op a round trip through C++; see :mod:`.layers`).
+of its own would cost each op a round trip through C++; see :mod:`.layers`). The meters' dispatcher, entered
+by the run right above them, joins them as their top layer for the metered step.
 
 A device query of a fake tensor (``prim.device``: the autograd engine asks it in C++ of every tensor it
 records or checks, two in three of a fake step's dispatches) is answered by the first of the engine's modes

@@ -13,6 +13,10 @@ stack* it ran under (:mod:`.modules` tracks both passes).
 Ops that only read metadata (sizes, strides, contiguity) are not passed on. An op a meter
 wants decomposed (the FLOP meter, for an op it has no formula for) reaches every meter as
 the ops of its decomposition, where it has one.
+
+On an analytic run the dispatcher is the top layer of the analytic modes' stacked mode
+(:mod:`..analytic.layers`): it joins it as it is entered, right above it, and passes an op on to
+the layers beneath in Python.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten
 
 from ...results import Phase
 from ..analytic.backward import SavedTensors, current_node, in_backward
-from ..ops import DEVICE_QUERY, METADATA, fake_device, packet_of
+from ..analytic.layers import Layer, Stacked
+from ..ops import METADATA, packet_of
 from .hops import eager_higher_order, hop_name, is_hop, one_op, run_eagerly
 from .modules import ROOT, ModuleTracker, StackKey
 from .stream import Meter, Op, Place, overrides
@@ -39,7 +44,7 @@ def op_name(func: Any) -> str:
     return str(packet_of(func))
 
 
-class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class Dispatcher(Layer):  # type: ignore[no-untyped-call]
     """Passes every op to each meter's :meth:`~.stream.Meter.op`, in the order the meters were given.
 
     ``region`` is set by the step (:meth:`enter_region`): ``"forward"`` while the model
@@ -47,7 +52,7 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """
 
     def __init__(self, tracker: ModuleTracker, meters: Sequence[Meter], transparent: tuple[type, ...] = (), fake_mode: Any = None) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self.tracker = tracker
         # tensor subclasses whose ops reach the meters as the ops they run on their inner tensors
         # (a sharded step's DTensors: one rank's work is its shards' ops), and the run's fake mode
@@ -70,6 +75,8 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # told of the autograd node of each op of the backward pass; True: the meters do not see the op
         self.guard: Callable[[Any], bool] | None = None
         self.pack: Any = None  # the run's own saved-tensors pack hook, where it has one
+        self._carrier: Stacked | None = None  # the stacked mode it is the top layer of, while it is (see layers.py)
+        self._beneath: _Beneath | None = None  # then, the layers beneath it as a mode of their own
 
     @property
     def replayable(self) -> bool:
@@ -90,7 +97,13 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
                     stack.enter_context(saved.nested())
             stack.enter_context(eager_higher_order())
             stack.enter_context(self.tracker)
-            stack.enter_context(self)
+            top = _get_current_dispatch_mode()
+            if isinstance(top, Stacked):  # an analytic run's modes, right beneath: their top layer (see layers.py)
+                stack.enter_context(top.topped(self))
+                self._carrier, self._beneath = top, _Beneath(self)
+                stack.callback(self._dropped)
+            else:
+                stack.enter_context(self)
             stack.callback(self._settle)
             yield
 
@@ -126,23 +139,21 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     supports_higher_order_operators = True  # see hops.py
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
-            return device  # (see ops.DEVICE_QUERY)
+    def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         kwargs = kwargs or {}
         if func in METADATA:
-            return func(*args, **kwargs)
+            return self.below(func, types, args, kwargs)
         if is_hop(func):
-            return self._higher_order(func, args, kwargs)
+            return self._higher_order(func, types, args, kwargs)
         if self._transparent and any(issubclass(t, self._transparent) for t in types):
             return NotImplemented  # the subclass runs its inner ops, which come back here
         name, decompose = self._names.get(func) or self._resolve(func)
         if decompose:
-            with self:
+            with self.entered():
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
                 return decomposed
-        out = func(*args, **kwargs)
+        out = self.below(func, types, args, kwargs)
         if self._transparent and _shape_propagation(out, self._fake_mode):
             return out  # DTensor working out an output's shape: no work of the rank
         return self._ran(func, name, args, kwargs, out)
@@ -151,6 +162,17 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Hand the op that ran to the meters; its output."""
         if self.muted:
             return out
+        if self._beneath is None:
+            return self._metered(func, name, args, kwargs, out)
+        # the ops a meter runs itself (a formula working out a mask's blocks from the run's known values) go to
+        # the layers beneath, as they would with the dispatcher a mode of its own above them
+        torch._C._push_on_torch_dispatch_stack(self._beneath)
+        try:
+            return self._metered(func, name, args, kwargs, out)
+        finally:
+            torch._C._pop_torch_dispatch_stack(None)
+
+    def _metered(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
         phase, key, node = self.where()
         if node is not None and self.guard is not None and self.guard(node):
             return out
@@ -163,13 +185,27 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self.watch(op)
         return out
 
-    def _higher_order(self, hop: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    def _higher_order(self, hop: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """A higher-order operator: one op where it is a kernel (or the run has a formula for it), else
         its eager kernel with its ops dispatched here (see hops.py)."""
         name, decompose = self._names.get(hop) or self._resolve(hop)
         if one_op(hop, args, kwargs, has_formula=bool(self._decomposers) and not decompose):
-            return self._ran(hop, name, args, kwargs, hop(*args, **kwargs))
-        return run_eagerly(self, hop, args, kwargs)
+            return self._ran(hop, name, args, kwargs, self.below(hop, types, args, kwargs))
+        return run_eagerly(self.entered(), hop, args, kwargs)
+
+    def _dropped(self) -> None:
+        self._carrier = self._beneath = None
+
+    def entered(self) -> contextlib.AbstractContextManager[None]:
+        """The dispatcher entered again from within its dispatch, for the ops of what it runs there to come
+        back to it: its own mode, or the stacked mode it is the top layer of."""
+        return (self._carrier or self).reentered()
+
+    def on_top(self) -> bool:
+        """Whether the dispatcher is the first to see an op: the top of the mode stack, or the top layer of
+        the stacked mode there."""
+        top = _get_current_dispatch_mode()
+        return top is self or (top is not None and top is self._carrier and self._carrier.layers[0] is self)
 
     def _resolve(self, func: Any) -> tuple[str, bool]:
         entry = (hop_name(func) if is_hop(func) else op_name(func), any(m.wants_decomposition(func) for m in self._decomposers))
@@ -195,14 +231,20 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             meter.replay(recording, place)
 
     def suspend(self) -> None:
-        """Take the dispatcher off the top of the mode stack (ops then run unseen)."""
-        popped = torch._C._pop_torch_dispatch_stack(None)
-        assert popped is self
+        """Take the dispatcher off the top of the mode stack, or out of the stacked mode it tops (ops then run unseen)."""
+        if self._carrier is not None:
+            self._carrier.lift(self)
+        else:
+            popped = torch._C._pop_torch_dispatch_stack(None)
+            assert popped is self
         self.suspended = True
 
     def resume(self) -> None:
-        """Put the dispatcher back on top of the mode stack."""
-        torch._C._push_on_torch_dispatch_stack(self)
+        """Put the dispatcher back on top of the mode stack, or of the stacked mode."""
+        if self._carrier is not None:
+            self._carrier.put(self)
+        else:
+            torch._C._push_on_torch_dispatch_stack(self)
         self.suspended = False
 
     def _settle(self) -> None:
@@ -211,6 +253,17 @@ class Dispatcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.resume()
         if self.capturing:
             self.end_capture()
+
+
+class _Beneath(Layer):  # type: ignore[no-untyped-call]
+    """The layers beneath a dispatcher that tops a stacked mode, as a mode: what they would be to it as a mode of its own."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        super().__init__()
+        self._dispatcher = dispatcher
+
+    def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        return self._dispatcher.below(func, types, args, kwargs)
 
 
 def _shape_propagation(out: Any, fake_mode: Any) -> bool:

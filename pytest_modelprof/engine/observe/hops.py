@@ -40,7 +40,7 @@ import torch
 from torch._C import DispatchKey
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from ..errors import ProfileError
@@ -166,8 +166,9 @@ def _eagerly(hop: HigherOrderOperator) -> Any:
     return run
 
 
-def run_eagerly(dispatcher: TorchDispatchMode, hop: HigherOrderOperator, args: Any, kwargs: dict[str, Any]) -> Any:
-    """``hop``'s eager meaning, its ops dispatched through ``dispatcher`` (see the module's notes)."""
+def run_eagerly(dispatcher: contextlib.AbstractContextManager[Any], hop: HigherOrderOperator, args: Any, kwargs: dict[str, Any]) -> Any:
+    """``hop``'s eager meaning, its ops dispatched through the dispatcher (``dispatcher``: it entered again;
+    see the module's notes)."""
     kernel = _eagerly(hop)
     if kernel is None:
         raise ProfileError(

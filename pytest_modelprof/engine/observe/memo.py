@@ -196,8 +196,7 @@ class LeafMemo:
             dispatcher.start_capture()
             self._active = (module, signature, None, key)
             return
-        depth = torch._C._len_torch_dispatch_stack()
-        if depth == 0 or torch._C._get_dispatch_stack_at(depth - 1) is not dispatcher:
+        if not dispatcher.on_top():
             return  # another mode is on top: its ops must go through it and us as usual
         dispatcher.suspend()
         self._active = (module, signature, recording, key)
