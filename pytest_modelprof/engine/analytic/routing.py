@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._ops import HigherOrderOperator
 
 from ..errors import ProfileError
 from ..ops import beneath_the_run
@@ -61,42 +61,6 @@ _VIEWS = {
 }
 
 
-# ops that take one count out of a tensor of counts
-_COUNTS_BY_ELEMENT = {aten.unbind.int, aten.select.int}
-
-
-# every op the mode acts on (the branches of __torch_dispatch__): the rest pass through untouched
-_FOLLOWED = frozenset(
-    {
-        aten.nonzero.default,
-        aten._local_scalar_dense.default,
-        aten.bincount.default,
-        *_COUNTS_BY_ELEMENT,
-        *_INDICES_AT,
-        *_INDICES,
-        aten.one_hot.default,
-        aten.arange.default,
-        aten.arange.start,
-        aten.arange.start_step,
-        aten.eq.Scalar,
-        aten.eq.Tensor,
-        aten.scatter.value,
-        aten.scatter_.value,
-        aten.cumsum.default,
-        aten.le.Scalar,
-        aten.lt.Scalar,
-        aten.mul.Tensor,
-        aten.gt.Scalar,
-        aten.ne.Scalar,
-        aten.index.Tensor,
-        aten.sum.dim_IntList,
-        aten.sum.default,
-        aten.histc.default,
-        *_VIEWS,
-    }
-)
-
-
 class Routing(Layer):  # type: ignore[no-untyped-call]
     """Follows router indices and the masks made of them; answers ``nonzero`` on those masks."""
 
@@ -122,7 +86,7 @@ class Routing(Layer):  # type: ignore[no-untyped-call]
             self._known[id(t)] = (weakref.ref(t), value)
 
     def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        if func not in _FOLLOWED or isinstance(func, HigherOrderOperator):
+        if func not in _FOLLOWED:
             return self.below(func, types, args, kwargs)  # most ops: nothing to follow
         kwargs = kwargs or {}
         if func is aten.nonzero.default:
@@ -135,63 +99,9 @@ class Routing(Layer):  # type: ignore[no-untyped-call]
             self.acted += 1
             return counted
         out = self.below(func, types, args, kwargs)
-        if func in _COUNTS_BY_ELEMENT and (known := self._get(args[0])) is not None and known[0] == "counts":
-            self._split_counts(func, args, out, known[1])
-            return out
-        if func in _INDICES_AT:
-            at = 2 if func is aten.topk.default else 1
-            dim = args[at] if len(args) > at else kwargs.get("dim", -1)
-            if isinstance(dim, int) and args[0].dim():
-                self._set(out[_INDICES_AT[func]], ("indices", args[0].shape[dim]))
-        elif func in _INDICES:
-            dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            if isinstance(dim, int):
-                self._set(out, ("indices", args[0].shape[dim]))
-        elif func is aten.one_hot.default:  # where it is not decomposed
-            known = self._get(args[0])
-            classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
-            if known is not None and known[0] == "indices":
-                self._set(out, ("density", 1 / max(known[1], classes if isinstance(classes, int) else 0)))
-        elif func in (aten.arange.default, aten.arange.start, aten.arange.start_step):
-            self._set(out, ("arange", out.numel()))
-        elif func in (aten.eq.Scalar, aten.eq.Tensor):
-            self._set_match(out, args[0], args[1])
-        elif func in (aten.scatter.value, aten.scatter_.value):  # ones at the chosen indices: a mask
-            known, dim = self._get(args[2]), args[1]
-            if known is not None and known[0] == "indices" and args[3] == 1 and args[0].dim():
-                self._set(out, ("density", args[2].shape[dim] / args[0].shape[dim]))
-        elif func is aten.cumsum.default:  # each token's place in its expert's queue (a capacity router)
-            known = self._get(args[0])
-            if known is not None and known[0] == "density" and args[0].dim():
-                self._set(out, ("priority", known[1], args[0].shape[args[1]]))
-        elif func in (aten.le.Scalar, aten.lt.Scalar):  # the places within an expert's capacity
-            known = self._get(args[0])
-            if known is not None and known[0] == "priority" and isinstance(args[1], (int, float)):
-                capacity = math.floor(args[1]) if func is aten.le.Scalar else math.ceil(args[1]) - 1
-                self._set(out, ("within", known[1], known[2], capacity))
-        elif func is aten.mul.Tensor:  # a mask times its places within capacity: the tokens each expert keeps
-            self._set_kept(out, args[0], args[1])
-        elif func in (aten.gt.Scalar, aten.ne.Scalar) and args[1] == 0:  # the experts that get any token
-            known = self._get(args[0])
-            if known is not None and known[0] == "counts" and args[0].dim() == 1 and args[0].numel():
-                self._set(out, ("first", min(args[0].numel(), int(known[1]))))
-        elif func is aten.index.Tensor:  # one expert's slice of a mask: its share
-            known, indices = self._get(args[0]), args[1]
-            if known is not None and known[0] == "density" and len(indices) == 1 and indices[0] is not None:
-                if not indices[0].is_floating_point() and indices[0].dtype != torch.bool:
-                    self._set(out, known)
-        elif func in (aten.sum.dim_IntList, aten.sum.default):  # a mask's true elements, counted
-            known = self._get(args[0])
-            if known is not None and known[0] == "density":
-                self._set(out, ("counts", round(args[0].numel() * known[1])))
-        elif func is aten.histc.default:  # indices binned by expert
-            known = self._get(args[0])
-            if known is not None and known[0] == "indices":
-                self._set(out, ("counts", args[0].numel()))
-        elif func in _VIEWS:
-            known = self._get(args[0])
-            if known is not None:
-                self._set(out, known)
+        follow = _FOLLOW.get(func)
+        if follow is not None:
+            follow(self, func, args, kwargs, out)
         return out
 
     def _set_match(self, out: torch.Tensor, left: Any, right: Any) -> None:
@@ -268,3 +178,128 @@ class Routing(Layer):  # type: ignore[no-untyped-call]
             )
         rows = round(mask.numel() * known[1])
         return torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)
+
+
+# what each op's output is known to be, from what is known of its arguments (after the op ran) -----------------
+# (one look-up per op: the branches of a chain of tests cost the ops at its end, the views among them, more)
+
+Follow = Callable[[Routing, Any, Any, dict[str, Any], Any], None]
+
+
+def _by_element(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    known = routing._get(args[0])
+    if known is not None and known[0] == "counts":
+        routing._split_counts(func, args, out, known[1])
+
+
+def _indices_at(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    at = 2 if func is aten.topk.default else 1
+    dim = args[at] if len(args) > at else kwargs.get("dim", -1)
+    if isinstance(dim, int) and args[0].dim():
+        routing._set(out[_INDICES_AT[func]], ("indices", args[0].shape[dim]))
+
+
+def _indices(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if isinstance(dim, int):
+        routing._set(out, ("indices", args[0].shape[dim]))
+
+
+def _one_hot(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:  # where it is not decomposed
+    known = routing._get(args[0])
+    classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    if known is not None and known[0] == "indices":
+        routing._set(out, ("density", 1 / max(known[1], classes if isinstance(classes, int) else 0)))
+
+
+def _arange(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    routing._set(out, ("arange", out.numel()))
+
+
+def _eq(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    routing._set_match(out, args[0], args[1])
+
+
+def _scatter(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:  # ones at the chosen indices: a mask
+    known, dim = routing._get(args[2]), args[1]
+    if known is not None and known[0] == "indices" and args[3] == 1 and args[0].dim():
+        routing._set(out, ("density", args[2].shape[dim] / args[0].shape[dim]))
+
+
+def _cumsum(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    known = routing._get(args[0])  # each token's place in its expert's queue (a capacity router)
+    if known is not None and known[0] == "density" and args[0].dim():
+        routing._set(out, ("priority", known[1], args[0].shape[args[1]]))
+
+
+def _within(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    known = routing._get(args[0])  # the places within an expert's capacity
+    if known is not None and known[0] == "priority" and isinstance(args[1], (int, float)):
+        capacity = math.floor(args[1]) if func is aten.le.Scalar else math.ceil(args[1]) - 1
+        routing._set(out, ("within", known[1], known[2], capacity))
+
+
+def _mul(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    routing._set_kept(out, args[0], args[1])  # a mask times its places within capacity: the tokens each expert keeps
+
+
+def _any_token(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    if args[1] == 0:  # the experts that get any token
+        known = routing._get(args[0])
+        if known is not None and known[0] == "counts" and args[0].dim() == 1 and args[0].numel():
+            routing._set(out, ("first", min(args[0].numel(), int(known[1]))))
+
+
+def _index(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    known, indices = routing._get(args[0]), args[1]  # one expert's slice of a mask: its share
+    if known is not None and known[0] == "density" and len(indices) == 1 and indices[0] is not None:
+        if not indices[0].is_floating_point() and indices[0].dtype != torch.bool:
+            routing._set(out, known)
+
+
+def _sum(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    known = routing._get(args[0])  # a mask's true elements, counted
+    if known is not None and known[0] == "density":
+        routing._set(out, ("counts", round(args[0].numel() * known[1])))
+
+
+def _histc(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    known = routing._get(args[0])  # indices binned by expert
+    if known is not None and known[0] == "indices":
+        routing._set(out, ("counts", args[0].numel()))
+
+
+def _view(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    known = routing._get(args[0])
+    if known is not None:
+        routing._set(out, known)
+
+
+def _by_element_or_view(routing: Routing, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+    known = routing._get(args[0])
+    if known is not None and known[0] == "counts":
+        routing._split_counts(func, args, out, known[1])
+    elif known is not None:
+        routing._set(out, known)
+
+
+_FOLLOW: dict[Any, Follow] = {
+    **dict.fromkeys(_VIEWS, _view),
+    **dict.fromkeys(_INDICES_AT, _indices_at),
+    **dict.fromkeys(_INDICES, _indices),
+    aten.one_hot.default: _one_hot,
+    **dict.fromkeys((aten.arange.default, aten.arange.start, aten.arange.start_step), _arange),
+    **dict.fromkeys((aten.eq.Scalar, aten.eq.Tensor), _eq),
+    **dict.fromkeys((aten.scatter.value, aten.scatter_.value), _scatter),
+    aten.cumsum.default: _cumsum,
+    **dict.fromkeys((aten.le.Scalar, aten.lt.Scalar), _within),
+    aten.mul.Tensor: _mul,
+    **dict.fromkeys((aten.gt.Scalar, aten.ne.Scalar), _any_token),
+    aten.index.Tensor: _index,
+    **dict.fromkeys((aten.sum.dim_IntList, aten.sum.default), _sum),
+    aten.histc.default: _histc,
+    aten.unbind.int: _by_element,  # (unbind and select take one count out of a tensor of counts)
+    aten.select.int: _by_element_or_view,
+}
+# every op the mode acts on: the rest pass through untouched
+_FOLLOWED = frozenset({*_FOLLOW, aten.nonzero.default, aten._local_scalar_dense.default, aten.bincount.default})
