@@ -50,6 +50,7 @@ from ..ops import METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments
 from .fake import detached
 from .finiteness import EQUALITY, FINITENESS_TESTS, is_finite_number, on_finite_numbers
 from .layers import Layer
+from .packed import pad_packed
 from .paths import passing_value
 
 aten = torch.ops.aten
@@ -106,7 +107,7 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         self._values: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         # func -> (values computable, what it writes, whether it draws random numbers)
         self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...], bool]] = {}
-        self._plain_ops: dict[Any, bool] = {}  # op -> whether it can be plain (see _plain)
+        self._kinds: dict[Any, int] = {}  # op -> its kind (see _kind)
         self._drawn: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors made from random numbers
         self._unbounded: dict[int, weakref.ref[torch.Tensor]] = {}  # unknown values that may not be finite
         self.reads = 0  # values read or sized by: a block memo (observe/blocks.py) replays no call that read one
@@ -175,12 +176,13 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
     # dispatch --------------------------------------------------------------------
 
     def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        if isinstance(func, HigherOrderOperator):
+        kind = self._kinds.get(func)
+        if kind is None:
+            kind = self._kinds[func] = self._kind(func)
+        if kind == _PASSED:
             return self.below(func, types, args, kwargs)
         kwargs = kwargs or {}
-        if func in METADATA:
-            return self.below(func, types, args, kwargs)
-        if self._plain(func, args, kwargs):  # most ops: nothing known in, nothing known out
+        if kind == _PLAIN and self._plain(args, kwargs):  # most ops: nothing known in, nothing known out
             if func is aten.detach.default and type(args[0]) is FakeTensor and not self._followed(args[0]):
                 return detached(args[0])  # (autograd's, of each tensor it saves): only a router's follow a detach
             out = self.below(func, types, args, kwargs)
@@ -241,22 +243,22 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         self._follow_finiteness(func, flat, [(t, v) for t, v in zip(tensors, values) if not any(t is o for o in overwritten)], out)
         return out
 
-    def _plain(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Whether an op is one of the many this mode has nothing to do for, decided without flattening its
-        arguments: it reads fake tensors, none of them with a known value, a random draw's values or possibly
-        non-finite ones, and no non-finite number; and it is no op this mode answers or sizes (a read of a value,
-        an op sized by values or masks, a test of finiteness, a random draw). Any doubt: not plain."""
-        plain = self._plain_ops.get(func)
-        if plain is None:
-            plain = self._plain_ops[func] = func not in _WATCHED and not (self._ops.get(func) or self._describe(func))[2]
-        if not plain:
-            return False
-        tracked = (self._values, self._drawn, self._unbounded)
+    def _kind(self, func: Any) -> int:
+        """Passed on (a higher-order operator, a metadata query); possibly plain (see _WATCHED; no random draw); or neither."""
+        if isinstance(func, HigherOrderOperator) or func in METADATA:
+            return _PASSED
+        return _PLAIN if func not in _WATCHED and not (self._ops.get(func) or self._describe(func))[2] else _FULL
+
+    def _plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether an op possibly plain (:meth:`_kind`) is one of the many this mode has nothing to do for, decided without
+        flattening its arguments: it reads fake tensors, none of them with a known value, a random draw's values or
+        possibly non-finite ones, and no non-finite number. Any doubt: not plain."""
+        values, drawn, unbounded = self._values, self._drawn, self._unbounded
         reads = False
-        for argument in (*args, *kwargs.values()):
+        for argument in (*args, *kwargs.values()) if kwargs else args:
             for a in argument if isinstance(argument, (list, tuple)) else (argument,):
                 if isinstance(a, FakeTensor):
-                    if any(id(a) in table for table in tracked):
+                    if (key := id(a)) in values or key in drawn or key in unbounded:
                         return False
                     reads = True
                 elif isinstance(a, torch.Tensor) or (isinstance(a, (float, complex)) and not is_finite_number(a)):
@@ -393,7 +395,7 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         # run as its Python equivalent (pad_packed), which reads them as numbers
         self._patched = "_pad_packed_sequence" not in vars(torch._VF)
         if self._patched:  # (torch._VF looks its functions up: one set on it comes first, until deleted)
-            setattr(torch._VF, "_pad_packed_sequence", _pad_packed)  # noqa: B010 (the module is typed)
+            setattr(torch._VF, "_pad_packed_sequence", pad_packed)  # noqa: B010 (the module is typed)
 
     def stopped(self) -> None:
         if self._patched:
@@ -407,33 +409,6 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         written = tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
         self._ops[func] = (computable, written, seeded)
         return computable, written, seeded
-
-
-def _pad_packed(
-    data: torch.Tensor, batch_sizes: torch.Tensor, batch_first: bool, padding_value: float, total_length: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch._VF._pad_packed_sequence`` (aten/src/ATen/native/PackedSequence.cpp) in Python, op for op:
-    a padded tensor filled with ``padding_value``, each run of steps with the same batch size copied
-    into it, and each sequence's length (a CPU tensor)."""
-    if isinstance(batch_sizes, FakeTensor):
-        raise DynamicOutputShapeException(aten._pad_packed_sequence.default)
-    sizes = [int(n) for n in batch_sizes.tolist()]
-    steps, batch = len(sizes), sizes[0]
-    if 0 < total_length < steps:
-        raise ValueError(f"Expected total_length to be at least the length of the longest sequence {steps}, got {total_length}")
-    features = tuple(data.shape[1:])
-    output = data.new_full((max(total_length, steps), batch, *features), padding_value)
-    offset, previous, start = 0, batch, 0
-    for step in range(steps + 1):
-        size = sizes[step] if step != steps else 0
-        if size != previous:
-            rows = previous * (step - start)
-            output[start:step, :previous].copy_(data[offset : offset + rows].view(step - start, previous, *features))
-            offset, start = offset + rows, step
-        previous = size
-    with _disable_current_modes():
-        lengths = torch.tensor([sum(1 for n in sizes if n > b) for b in range(batch)], dtype=torch.int64)
-    return (output.transpose(0, 1) if batch_first else output), lengths
 
 
 def _apart_from_callers(real: Any, operands: list[torch.Tensor]) -> Any:
@@ -457,6 +432,7 @@ _OVERWRITING = frozenset({aten.copy_, aten.fill_, aten.zero_})
 _WATCHED = frozenset(
     {*_SCALAR_READS, *_SIZED_BY_VALUES, *_SIZED_BY_MASKS, *_CTC, aten._pack_padded_sequence.default, *FINITENESS_TESTS, *EQUALITY}
 )
+_PASSED, _PLAIN, _FULL = range(3)  # the kinds of op (see KnownValues._kind)
 
 
 def _dropper(marks: dict[int, weakref.ref[torch.Tensor]], key: int) -> Callable[[object], None]:
