@@ -60,6 +60,7 @@ the storage and layout their kernels give them:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -207,8 +208,15 @@ class KernelOutputs(Layer):
         acts = _ACTING.get(func)
         if acts is None:
             acts = _ACTING[func] = _acts_on(func)
-        if not acts:
+        if acts is _NOT:
             return self.below(func, types, args, kwargs)  # most ops: the meta kernel's outputs are the kernel's
+        if acts is _ITERATING:  # an elementwise op (the common case of the rest): the last branch below, alone
+            out = self.below(func, types, args, kwargs)
+            if isinstance(out, FakeTensor) and not _all_contiguous(out, args) and any(isinstance(a, FakeTensor) for a in args[:3]):
+                strides = elementwise_strides(func, args, kwargs or {}, tuple(out.shape))
+                if strides is not None and strides != tuple(out.stride()):
+                    out.as_strided_(out.shape, strides, out.storage_offset())
+            return out
         kwargs = kwargs or {}
         fake = any(isinstance(a, FakeTensor) for a in args[:3])  # a number may come first (pow.Scalar)
         if fake and func in _ONE_DTYPE:
@@ -257,11 +265,12 @@ class KernelOutputs(Layer):
         return out
 
 
-def _acts_on(func: Any) -> bool:
-    """Whether :class:`KernelOutputs` does anything for ``func`` (the branches of its ``__torch_dispatch__``)."""
+def _acts_on(func: Any) -> object:
+    """What :class:`KernelOutputs` does for ``func`` (the branches of its ``handle``): nothing, only lay out an elementwise
+    op's output (``_ITERATING``), or the rest (``_ACTING_OTHERWISE``)."""
     if isinstance(func, HigherOrderOperator) or not hasattr(func, "overloadpacket"):
-        return False
-    return (
+        return _NOT
+    otherwise = (
         func in _ONE_DTYPE
         or func in _NORMS
         or func in REDUCED_LOSSES
@@ -270,8 +279,10 @@ def _acts_on(func: Any) -> bool:
         or func in _VIEWS
         or func in _SIZED_BY_KERNELS
         or (_GROUPED_MM is not None and func is _GROUPED_MM)
-        or func.overloadpacket.__name__ in _ITERATED
     )
+    if otherwise:
+        return _ACTING_OTHERWISE
+    return _ITERATING if func.overloadpacket.__name__ in _ITERATED else _NOT
 
 
 _SIZED_BY_KERNELS = frozenset(
@@ -283,7 +294,8 @@ _SIZED_BY_KERNELS = frozenset(
         aten.col2im.default,
     }
 )
-_ACTING: dict[Any, bool] = {}  # op -> _acts_on(op), worked out once
+_NOT, _ITERATING, _ACTING_OTHERWISE = object(), object(), object()
+_ACTING: dict[Any, object] = {}  # op -> _acts_on(op), worked out once
 
 
 def _all_contiguous(out: torch.Tensor, args: Any) -> bool:
@@ -294,12 +306,25 @@ def _all_contiguous(out: torch.Tensor, args: Any) -> bool:
 
 
 def _row_major(t: torch.Tensor) -> bool:
-    expected = 1
-    for size, stride in zip(reversed(t.shape), reversed(t.stride())):
-        if stride != expected:
-            return False
+    shape = t.shape
+    try:
+        return t.stride() == _row_major_strides(shape)
+    except TypeError:  # a symbolic size (unhashable)
+        return t.stride() == _strides_of(shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return _strides_of(shape)
+
+
+def _strides_of(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a dense row-major tensor of ``shape``, size-1 dimensions included."""
+    strides, expected = [], 1
+    for size in reversed(shape):
+        strides.append(expected)
         expected *= size
-    return True
+    return tuple(reversed(strides))
 
 
 def _check_mixed_cpu_norm(args: Any, input_at: int, parameters_at: tuple[int, ...]) -> None:
