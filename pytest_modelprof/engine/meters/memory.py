@@ -1,10 +1,9 @@
 """The memory meter: storage lifetimes, by category, over the run.
 
-Every tensor an op produces is followed by its storage (views share one), from the
-op that allocated it until the storage is freed (a finalizer on the storage, which
-PyTorch keeps one Python object for). Each storage belongs to one category; the
-meter keeps the bytes of every category after each op, so the peak it reports is a
-true peak over time, with its breakdown at that moment, not a sum of maxima.
+Every tensor an op produces is followed by its storage (views share one), from the op that allocated it
+until the storage is freed (a weak reference to the storage, which PyTorch keeps one Python object for,
+calls the meter back). Each storage belongs to one category; the meter keeps the bytes of every category
+after each op, so the peak it reports is a true peak over time, with its breakdown then, not a sum of maxima.
 
 Categories: parameters, buffers and inputs (resident from the start); gradients (what
 ``AccumulateGrad`` stores in ``.grad``); activations (saved for the backward pass, seen
@@ -89,6 +88,7 @@ class MemoryMeter(Meter):
         self.timeline: list[tuple[Phase, tuple[int, ...]]] = []
         self.module_activations: dict[str, int] = {}
         self.module_peaks: dict[tuple[str, bool], int] = {}  # (path, in backward) -> most bytes in use
+        self._peaked: tuple[Any, bool, int] = ((), False, 0)  # the last sample that raised module peaks: (stack, backward, bytes)
         self.allocated = 0  # bytes of new storages so far: the difference across an op is what it allocated
         self.parameters: list[tuple[str, int, int]] = []  # (name, weight bytes, gradient bytes)
         self.kv_cache_bytes = 0  # of the inputs' bytes, those of a KV cache (see analytic.inputs.Inputs)
@@ -103,7 +103,7 @@ class MemoryMeter(Meter):
         self._cudnn_device: cudnn.Device | None = None  # the GPU cuDNN plans the convolutions for
         self._marks: dict[str, int] = {}  # event indices: where the step begins, the state, first products, the optimizer
         self.measured: dict[str, int] = {}  # a real CUDA run: the caching allocator's figures for the step
-        self._finalizers: list[weakref.finalize[Any, Any]] = []
+        self._watches: list[weakref.ref[Any]] = []  # each followed storage's, whose callback frees it (see _watch)
         self._resizes: Any = None  # FSDP2's storage resizes, told to the meter during the run
         self._capture: memory_replay.Capture | None = None  # a block's call under no_grad, recorded
         self._open = True
@@ -244,9 +244,7 @@ class MemoryMeter(Meter):
         if self._resizes is not None:
             self._resizes.__exit__(None, None, None)
             self._resizes = None
-        for finalizer in self._finalizers:
-            finalizer.detach()
-        self._finalizers.clear()
+        self._watches.clear()  # (a weak reference that dies first calls nothing)
 
     # tensors ---------------------------------------------------------------
 
@@ -276,7 +274,7 @@ class MemoryMeter(Meter):
             self.live[address] = [size, category]
             self.totals[category] += size
             self.allocated += size
-            self._finalizers.append(weakref.finalize(storage, self._free, address))
+            self._watch(storage, address)
         elif entry[1] != category and entry[1] not in _STICKY and not (category == ACTIVATIONS and entry[1] == GRADIENTS):
             self.totals[entry[1]] -= entry[0]
             self.totals[category] += entry[0]
@@ -288,6 +286,9 @@ class MemoryMeter(Meter):
         return -(-size // self.round_to) * self.round_to
 
     def track_all(self, values: Any, category: int) -> None:
+        if isinstance(values, torch.Tensor):  # (most ops' output)
+            self.track(values, category)
+            return
         for value in tree_flatten(values)[0]:
             if isinstance(value, torch.Tensor):
                 self.track(value, category)
@@ -318,7 +319,11 @@ class MemoryMeter(Meter):
             if self.events is not None:
                 self.events.append((address, -1))
 
-    def _free(self, address: int) -> None:
+    def _watch(self, storage: Any, address: int) -> None:
+        """Free ``address`` in the meter when ``storage`` is freed (while the meter follows storages)."""
+        self._watches.append(weakref.ref(storage, functools.partial(self._free, address)))
+
+    def _free(self, address: int, _: Any = None) -> None:
         entry = self.live.pop(address, None)
         if entry is not None and self._open:
             self.totals[entry[1]] -= entry[0]
@@ -352,17 +357,17 @@ class MemoryMeter(Meter):
         if self._capture is not None:
             self._capture.sample(phase, key, totals)
         total = sum(totals)
-        for index, value in enumerate(totals):
-            if value > self.category_max[index]:
-                self.category_max[index] = value
+        self.category_max = list(map(max, self.category_max, totals))
         if total > self.peak:
             self.peak = total
             self.peak_breakdown = list(totals)
             self.peak_where = (phase, key)
         backward = phase in ("backward", "recompute")
-        for path in key:
-            if total > self.module_peaks.get((path, backward), 0):
-                self.module_peaks[(path, backward)] = total
+        if key is not self._peaked[0] or backward is not self._peaked[1] or total > self._peaked[2]:  # (else each path saw more)
+            for path in key:
+                if total > self.module_peaks.get((path, backward), 0):
+                    self.module_peaks[(path, backward)] = total
+            self._peaked = (key, backward, total)
 
     # the profile ----------------------------------------------------------------
 

@@ -14,7 +14,6 @@ changed a storage it did not allocate, or left one that is not an output's) is n
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -83,7 +82,7 @@ def follow(meter: MemoryMeter, recording: Recording, outputs: list[torch.Tensor]
     for tensor, (_, (size, category)) in zip(outputs, recording.outputs):
         storage = tensor.untyped_storage()
         meter.live[storage._cdata] = [size, category]
-        meter._finalizers.append(weakref.finalize(storage, meter._free, storage._cdata))
+        meter._watch(storage, storage._cdata)
 
 
 def _add(rows: dict[Any, list[int]], where: Any, calls: int, nbytes: int) -> None:
