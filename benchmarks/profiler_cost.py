@@ -83,7 +83,7 @@ from pytest_modelprof.engine.analytic import modes as modes_module  # noqa: E402
 from pytest_modelprof.engine.analytic.cuda.functions import CudaFunctions  # noqa: E402
 from pytest_modelprof.engine.analytic.cuda.rnn import CudaOps  # noqa: E402
 from pytest_modelprof.engine.analytic.kernel_outputs import KernelOutputs  # noqa: E402
-from pytest_modelprof.engine.analytic.layers import Layer, Stacked  # noqa: E402
+from pytest_modelprof.engine.analytic.layers import Layer, Stacked, called  # noqa: E402
 from pytest_modelprof.engine.analytic.routing import Routing  # noqa: E402
 from pytest_modelprof.engine.analytic.values import KnownValues  # noqa: E402
 from pytest_modelprof.engine.formulas import OpCost  # noqa: E402
@@ -396,20 +396,20 @@ class _NoMode:
 class _StackedPresent(Stacked):
     """The analytic run's stacked mode with the layers an ablation does not enter (a :class:`_NoMode`) left out."""
 
-    def __init__(self, *layers: Any) -> None:
+    def __init__(self, *layers: Any, bottom: Any = called) -> None:
         present = [layer for layer in layers if isinstance(layer, Layer)]
         if present:
-            super().__init__(*present)
+            super().__init__(*present, bottom=bottom)
         else:
             Layer.__init__(self)
-            self.layers, self._own = [], ()
+            self.layers, self._own, self.bottom = [], (), bottom
             self._link()
 
     def _link(self) -> None:
         if self.layers:
             super()._link()
         else:
-            self._top = _passthrough_dispatch.__get__(self)  # no layer left: the mode only passes ops on
+            self._top = self.bottom  # no layer left: the mode only passes ops on
 
 
 def _layer_removed(name: str) -> Any:

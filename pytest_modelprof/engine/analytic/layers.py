@@ -27,6 +27,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ops import DEVICE_QUERY, fake_device
@@ -37,6 +40,46 @@ Below = Callable[[Any, Any, Any, Any], Any]  # (func, types, args, kwargs) -> th
 def called(func: Any, types: Any, args: Any, kwargs: Any) -> Any:
     """The op, run by the modes beneath: what a mode on its own passes an op on to."""
     return func(*args, **(kwargs or {}))
+
+
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+
+
+def into_fake_mode(fake_mode: FakeTensorMode) -> Below:
+    """What passes an op on to ``fake_mode`` where it is the next mode (the bottom of an analytic run's stack): its
+    dispatch called from Python, as the dispatcher would call it but without the round trip through C++ (the op's
+    arguments made C++ values and Python objects again), with the mode unset while it runs, as the dispatcher
+    unsets it. Any other mode between (a mode the model enters, another infra mode), and a higher-order operator,
+    go through the dispatcher."""
+
+    def below(func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if type(func) is not OpOverload or torch._C._len_torch_dispatch_stack() != 1 or torch._C._get_dispatch_mode(_FAKE) is not fake_mode:
+            return called(func, types, args, kwargs)
+        torch._C._unset_dispatch_mode(_FAKE)
+        try:
+            out = fake_mode.__torch_dispatch__(func, types, args, kwargs or {})
+        finally:
+            torch._C._set_dispatch_mode(fake_mode)
+        if out is NotImplemented:
+            return called(func, types, args, kwargs)
+        return _as_from_cpp(func, out) if isinstance(out, (tuple, list)) else out
+
+    return below
+
+
+def _as_from_cpp(func: OpOverload, out: tuple[Any, ...] | list[Any]) -> tuple[Any, ...] | list[Any]:
+    """Several outputs as the dispatcher hands them back to Python: a list for a schema's one list (``split``'s
+    ``Tensor[]``), else a tuple (not a meta kernel's named tuple)."""
+    one_list = _ONE_LIST.get(func)
+    if one_list is None:
+        returns = func._schema.returns
+        one_list = _ONE_LIST[func] = len(returns) == 1 and isinstance(returns[0].type, torch.ListType)
+    if one_list:
+        return out if type(out) is list else list(out)
+    return out if type(out) is tuple else tuple(out)
+
+
+_ONE_LIST: dict[OpOverload, bool] = {}  # op -> whether its schema returns one list
 
 
 class Layer(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -86,10 +129,11 @@ class Stacked(Layer):  # type: ignore[no-untyped-call]
     """``layers`` as one dispatch mode, the first on top: what each passes on goes to the next, and the last's
     to the modes beneath; entered, it starts each layer, and stops each as it leaves."""
 
-    def __init__(self, *layers: Layer) -> None:
+    def __init__(self, *layers: Layer, bottom: Below = called) -> None:
         super().__init__()
         if not layers:
             raise ValueError("Stacked needs at least one layer")
+        self.bottom = bottom  # what the last layer passes an op on to
         self.layers = list(layers)
         self._own = layers  # (started and stopped by the stack; a layer put on top sets itself up)
         self._link()
@@ -97,7 +141,7 @@ class Stacked(Layer):  # type: ignore[no-untyped-call]
     def _link(self) -> None:
         for upper, lower in zip(self.layers, self.layers[1:]):
             upper.below = lower.handle
-        self.layers[-1].below = called
+        self.layers[-1].below = self.bottom
         self._top = self.layers[0].handle
 
     def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:

@@ -60,7 +60,7 @@ from ..targets.gpus import GPUSpec
 from .cuda import CudaKernels
 from .fake import analytic_meta_kernels, conversions_in_place, device_one_hot, quiet_meta_failures
 from .kernel_outputs import KernelOutputs
-from .layers import Layer, Stacked
+from .layers import Layer, Stacked, into_fake_mode
 from .paths import eager_paths
 from .routing import Routing
 from .values import KnownValues
@@ -105,7 +105,7 @@ def analytic_modes(
         if gpu is not None:  # the target GPU's kernel choices, beneath every meter
             kernels = stack.enter_context(CudaKernels(gpu, known.value))
             layers.insert(1, kernels.ops)
-        stack.enter_context(Stacked(*layers))  # the four dispatch modes, run as one (see layers.py)
+        stack.enter_context(Stacked(*layers, bottom=into_fake_mode(fake_mode)))  # the four dispatch modes, run as one (see layers.py)
         stack.enter_context(eager_paths(known.value))
         stack.enter_context(conversions_in_place())
         stack.enter_context(device_one_hot(known.value))
