@@ -1,6 +1,7 @@
 """The analytic run's dispatch modes, run as one mode (engine/analytic/layers.py)."""
 
 import contextlib
+import sys
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from models import TinyCNN
 from pytest_modelprof import profile
 from pytest_modelprof.engine.analytic.kernel_outputs import KernelOutputs
-from pytest_modelprof.engine.analytic.layers import Layer, Stacked
+from pytest_modelprof.engine.analytic.layers import Layer, Stacked, called, into_fake_mode
 from pytest_modelprof.engine.analytic.routing import Routing
 from pytest_modelprof.engine.analytic.values import KnownValues
 from pytest_modelprof.engine.observe.dispatch import Dispatcher
@@ -161,3 +162,72 @@ def test_the_dispatcher_stays_a_mode_of_its_own_where_another_mode_sits_between(
     assert seen["stack"] == [FakeTensorMode, Stacked, Between, Dispatcher]
     assert aten.convolution.default in seen["between"]
     assert result.flops == profile(TinyCNN(), torch.randn(2, 3, 16, 16)).flops
+
+
+class CallerNoting(FakeTensorMode):
+    """A fake mode that notes the Python function that called its dispatch (C++ calls it from ``OpOverload.__call__``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.callers = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        frame = sys._getframe(1)
+        while frame.f_code.co_filename.endswith(("_dynamo/eval_frame.py", "torch/_compile.py")):  # (the mode's wrapper)
+            frame = frame.f_back
+        self.callers.append((func, frame.f_code.co_name))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class Keeping(Layer):
+    """Keeps what the layers beneath hand back for each op."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs = {}
+
+    def handle(self, func, types, args, kwargs):
+        self.outputs[func] = out = self.below(func, types, args, kwargs)
+        return out
+
+
+def test_the_bottom_layer_calls_the_fake_mode_as_the_dispatcher_would_without_going_through_it():
+    def run(bottom_of):
+        keeping = Keeping()
+        with CallerNoting() as mode:
+            x = mode.from_tensor(torch.randn(4, 3, 5, 5))
+            weight, bias = mode.from_tensor(torch.ones(3)), mode.from_tensor(torch.zeros(3))
+            with Stacked(keeping, bottom=bottom_of(mode)):
+                x.mul(2)
+                x.split(2)
+                aten.native_batch_norm.default(x, weight, bias, None, None, True, 0.1, 1e-5)  # (a decomposition)
+        kept = keeping.outputs
+        return mode.callers, (kept[aten.split.Tensor], kept[aten.native_batch_norm.default], kept[aten.mul.Tensor])
+
+    direct, (pieces, normed, product) = run(into_fake_mode)
+    through, (pieces_c, normed_c, product_c) = run(lambda mode: called)
+    # the same outputs, in the containers the dispatcher gives back: a list for split's Tensor[], a tuple for several
+    assert type(pieces) is type(pieces_c) is list and [p.shape for p in pieces] == [p.shape for p in pieces_c]
+    assert type(normed) is type(normed_c) is tuple and [t.shape for t in normed] == [t.shape for t in normed_c]
+    assert product.shape == product_c.shape and product.stride() == product_c.stride()
+    ops = (aten.split.Tensor, aten.native_batch_norm.default, aten.mul.Tensor)
+    first = [next(caller for func, caller in direct if func is op) for op in ops]  # (a decomposition's ops follow)
+    assert first == ["below"] * 3  # called from Python
+    first = [next(caller for func, caller in through if func is op) for op in ops]
+    assert first == ["__call__"] * 3  # through the dispatcher (OpOverload.__call__)
+
+
+def test_the_bottom_layer_goes_through_the_dispatcher_where_another_mode_sits_beneath_it():
+    seen = []
+
+    class Beneath(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with CallerNoting() as mode:
+        x = mode.from_tensor(torch.ones(3))
+        with Beneath(), Stacked(Recording("only", []), bottom=into_fake_mode(mode)):
+            x.mul(2)
+    assert seen == [aten.mul.Tensor]
+    assert [caller for func, caller in mode.callers if func is aten.mul.Tensor] == ["__call__"]
