@@ -81,7 +81,7 @@ class MemoryMeter(Meter):
         self._set_rounding(round_to or 1)
         self.live: dict[int, list[int]] = {}  # storage address -> [bytes, category]
         self.totals = [0] * len(CATEGORIES)
-        self.category_max = [0] * len(CATEGORIES)
+        self.category_max = [0] * len(CATEGORIES)  # each category's most bytes: from the timeline, as the meter contributes
         self.peak = 0
         self.peak_breakdown = [0] * len(CATEGORIES)
         self.peak_where: tuple[Phase, StackKey] = ("forward", ())
@@ -257,13 +257,13 @@ class MemoryMeter(Meter):
     def _track(self, parts: list[torch.Tensor], category: int) -> int:
         address = 0
         for part in parts:
-            address = self._follow(part.untyped_storage(), part.device, category)
+            address = self._follow(part.untyped_storage(), part, category)
         return address
 
-    def _follow(self, storage: Any, device: torch.device, category: int) -> int:
-        """Follow ``storage`` until it is freed."""
+    def _follow(self, storage: Any, part: torch.Tensor, category: int) -> int:
+        """Follow ``storage`` (``part``'s) until it is freed."""
         address: int = storage._cdata
-        if self._host_apart and device.type == "cpu":
+        if self._host_apart and part.device.type == "cpu":
             return address
         entry = self.live.get(address)
         if entry is None:
@@ -357,7 +357,6 @@ class MemoryMeter(Meter):
         if self._capture is not None:
             self._capture.sample(phase, key, totals)
         total = sum(totals)
-        self.category_max = list(map(max, self.category_max, totals))
         if total > self.peak:
             self.peak = total
             self.peak_breakdown = list(totals)
@@ -373,6 +372,7 @@ class MemoryMeter(Meter):
 
     def contribute(self, profile: Profile, modules: dict[str, ModuleStats]) -> None:
         workspaces = self._workspaces() if self.events is not None else []
+        self.category_max = [max(column) for column in zip(self.category_max, *(row for _, row in self.timeline))]
         self._add_workspace(sum(workspaces))
         phase, key = self.peak_where
         profile.memory = MemoryReport(
@@ -489,7 +489,7 @@ def _parts(tensor: torch.Tensor) -> list[torch.Tensor]:
     layout without storages (MKL-DNN)."""
     layout = tensor.layout
     if layout == torch.strided:
-        return [local(tensor)]
+        return [tensor if type(tensor) is FakeTensor else local(tensor)]
     with _disable_current_modes():  # the meter's own reads: no op of the step
         if layout == torch.sparse_coo:
             return [tensor._indices(), tensor._values()]
