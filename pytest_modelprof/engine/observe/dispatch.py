@@ -62,7 +62,7 @@ class Dispatcher(Layer):  # type: ignore[no-untyped-call]
         self.region: str = "forward"
         self._op_handlers = tuple(m.op for m in self.meters if overrides(m, "op"))
         self._decomposers = [m for m in self.meters if overrides(m, "wants_decomposition")]
-        self._names: dict[Any, tuple[str, bool]] = {}  # func -> (name, decompose it)
+        self._names: dict[Any, tuple[str, bool, object]] = {}  # func -> (name, decompose it, kind): see _resolve
         # a leaf-module memo (see memo.py) records what the meters add while capturing,
         # and takes the dispatcher off the mode stack while a recorded call replays
         self.capturing = False
@@ -141,13 +141,11 @@ class Dispatcher(Layer):  # type: ignore[no-untyped-call]
 
     def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         kwargs = kwargs or {}
-        if func in METADATA:
-            return self.below(func, types, args, kwargs)
-        if is_hop(func):
-            return self._higher_order(func, types, args, kwargs)
+        name, decompose, kind = self._names.get(func) or self._resolve(func)
+        if kind is not _OP:
+            return self.below(func, types, args, kwargs) if kind is _METADATA else self._higher_order(func, types, args, kwargs)
         if self._transparent and any(issubclass(t, self._transparent) for t in types):
             return NotImplemented  # the subclass runs its inner ops, which come back here
-        name, decompose = self._names.get(func) or self._resolve(func)
         if decompose:
             with self.entered():
                 decomposed = func.decompose(*args, **kwargs)
@@ -188,7 +186,7 @@ class Dispatcher(Layer):  # type: ignore[no-untyped-call]
     def _higher_order(self, hop: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """A higher-order operator: one op where it is a kernel (or the run has a formula for it), else
         its eager kernel with its ops dispatched here (see hops.py)."""
-        name, decompose = self._names.get(hop) or self._resolve(hop)
+        name, decompose, _ = self._names.get(hop) or self._resolve(hop)
         if one_op(hop, args, kwargs, has_formula=bool(self._decomposers) and not decompose):
             return self._ran(hop, name, args, kwargs, self.below(hop, types, args, kwargs))
         return run_eagerly(self.entered(), hop, args, kwargs)
@@ -207,8 +205,15 @@ class Dispatcher(Layer):  # type: ignore[no-untyped-call]
         top = _get_current_dispatch_mode()
         return top is self or (top is not None and top is self._carrier and self._carrier.layers[0] is self)
 
-    def _resolve(self, func: Any) -> tuple[str, bool]:
-        entry = (hop_name(func) if is_hop(func) else op_name(func), any(m.wants_decomposition(func) for m in self._decomposers))
+    def _resolve(self, func: Any) -> tuple[str, bool, object]:
+        """What the dispatcher does with ``func``, worked out once: its name, whether a meter wants it decomposed, and
+        its kind (an op; a metadata query, passed on; a higher-order operator)."""
+        if func in METADATA:
+            entry: tuple[str, bool, object] = ("", False, _METADATA)
+        elif is_hop(func):
+            entry = (hop_name(func), any(m.wants_decomposition(func) for m in self._decomposers), _HOP)
+        else:
+            entry = (op_name(func), any(m.wants_decomposition(func) for m in self._decomposers), _OP)
         self._names[func] = entry
         return entry
 
@@ -253,6 +258,9 @@ class Dispatcher(Layer):  # type: ignore[no-untyped-call]
             self.resume()
         if self.capturing:
             self.end_capture()
+
+
+_OP, _METADATA, _HOP = object(), object(), object()  # the kinds of what reaches the dispatcher
 
 
 class _Beneath(Layer):  # type: ignore[no-untyped-call]
