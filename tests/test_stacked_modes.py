@@ -231,3 +231,40 @@ def test_the_bottom_layer_goes_through_the_dispatcher_where_another_mode_sits_be
             x.mul(2)
     assert seen == [aten.mul.Tensor]
     assert [caller for func, caller in mode.callers if func is aten.mul.Tensor] == ["__call__"]
+
+
+@torch.library.custom_op("modelprof_stacked::widen", mutates_args=())
+def widen(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x, x], dim=1)
+
+
+@widen.register_fake
+def _widen_fake(x):
+    return x.new_empty(x.shape[0], x.shape[1])  # a fake kernel of the wrong shape: the rule below is what fake modes use
+
+
+@torch.library.register_torch_dispatch("modelprof_stacked::widen", FakeTensorMode)
+def _widen_rule(mode, func, types, args, kwargs):
+    _widen_rule.calls += 1
+    with mode:
+        return torch.empty(args[0].shape[0], 2 * args[0].shape[1], device=args[0].device)
+
+
+_widen_rule.calls = 0
+
+
+class Widening(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.ops.modelprof_stacked.widen(self.linear(x)).sum(-1) * 2
+
+
+def test_an_op_with_a_rule_for_fake_modes_goes_through_the_dispatcher_which_calls_the_rule():
+    x = torch.randn(4, 8)
+    real = profile(Widening(), x)
+    analytic = profile(Widening(), x, device="meta")
+    assert _widen_rule.calls == 1
+    assert analytic.flops == real.flops  # the rule's (N, 2D) output, summed and doubled, as the real kernel's

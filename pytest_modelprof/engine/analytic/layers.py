@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._library.simple_registry import find_torch_dispatch_rule
 from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -47,13 +48,23 @@ _FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 def into_fake_mode(fake_mode: FakeTensorMode) -> Below:
     """What passes an op on to ``fake_mode`` where it is the next mode (the bottom of an analytic run's stack): its
-    dispatch called from Python, as the dispatcher would call it but without the round trip through C++ (the op's
-    arguments made C++ values and Python objects again), with the mode unset while it runs, as the dispatcher
-    unsets it. Any other mode between (a mode the model enters, another infra mode), and a higher-order operator,
-    go through the dispatcher."""
+    dispatch called from Python, without the round trip through C++ (the op's arguments made C++ values and Python
+    objects again), with the mode unset while it runs as the dispatcher unsets it, and the outputs in the containers
+    the dispatcher would hand back. The rest goes through the dispatcher: an op with a rule of its own for fake modes
+    (``torch.library.register_torch_dispatch``, which the dispatcher calls in the mode's place), a higher-order
+    operator, and any op while another mode is beneath the stacked one (a mode entered before the run's, another
+    infra mode). The fake mode runs under the dispatch keys the layers above it run under: an op autograd
+    dispatches from C++ (its detach of a tensor it saves) is not sent through autograd again on its way down,
+    which changes none of its outputs."""
+    rules: dict[OpOverload, bool] = {}  # op -> whether it has a rule for fake modes (for this run)
 
     def below(func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if type(func) is not OpOverload or torch._C._len_torch_dispatch_stack() != 1 or torch._C._get_dispatch_mode(_FAKE) is not fake_mode:
+            return called(func, types, args, kwargs)
+        ruled = rules.get(func)
+        if ruled is None:
+            ruled = rules[func] = find_torch_dispatch_rule(func, type(fake_mode)) is not None
+        if ruled:
             return called(func, types, args, kwargs)
         torch._C._unset_dispatch_mode(_FAKE)
         try:

@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from ...results import Phase
 from ..analytic.backward import SavedTensors, current_node, in_backward
-from ..analytic.layers import Layer, Stacked
+from ..analytic.layers import Layer, Stacked, called
 from ..ops import METADATA, packet_of
 from .hops import eager_higher_order, hop_name, is_hop, one_op, run_eagerly
 from .modules import ROOT, ModuleTracker, StackKey
@@ -63,8 +63,8 @@ class Dispatcher(Layer):  # type: ignore[no-untyped-call]
         self._op_handlers = tuple(m.op for m in self.meters if overrides(m, "op"))
         self._decomposers = [m for m in self.meters if overrides(m, "wants_decomposition")]
         self._names: dict[Any, tuple[str, bool, object]] = {}  # func -> (name, decompose it, kind): see _resolve
-        # a leaf-module memo (see memo.py) records what the meters add while capturing,
-        # and takes the dispatcher off the mode stack while a recorded call replays
+        # a leaf-module memo (see memo.py) records what the meters add while capturing, and takes the dispatcher
+        # off the mode stack (or out of the stacked mode it tops) while a recorded call replays
         self.capturing = False
         self.captured_ops = 0
         self.suspended = False
@@ -193,6 +193,7 @@ class Dispatcher(Layer):  # type: ignore[no-untyped-call]
 
     def _dropped(self) -> None:
         self._carrier = self._beneath = None
+        self.below = called  # (not the run's layers, gone with it)
 
     def entered(self) -> contextlib.AbstractContextManager[None]:
         """The dispatcher entered again from within its dispatch, for the ops of what it runs there to come

@@ -15,9 +15,10 @@ suspended, and the recorded rows are added under the module stack it runs in.
 The memo is used only where that holds exactly: runs whose meters can all record and
 replay what an op contributes (the FLOP meter can; the memory meter needs every op's
 outputs, so a run that follows memory dispatches every op), in the forward pass, with
-the dispatcher on top of the mode
-stack, no autocast and no functorch transform active, no hooks on the module and no
-global module hooks but the tracker's, and the module's ``forward`` not replaced. A
+the dispatcher the first to see each op (on top of the mode stack, or the top layer of
+the analytic modes' stacked mode), no autocast and no functorch transform active, no
+hooks on the module and no global module hooks but the tracker's, and the module's
+``forward`` not replaced. A
 module of any other type, or a call that passes keyword arguments, is simply
 dispatched, and so is every later call of a type whose first recorded call
 dispatched at most one op (a convolution, an activation): its signature costs about
