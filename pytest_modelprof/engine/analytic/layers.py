@@ -18,7 +18,8 @@ A layer that comes to act on another's own ops must keep it so.
 
 The meters' dispatcher (:class:`~..observe.dispatch.Dispatcher`) is a layer too. Entered right above a stacked
 mode, with no mode between, it joins it as its top layer (:meth:`Stacked.topped`) for as long as it is
-entered, and so sees every op first, as it would as a mode of its own above it, one round trip sooner.
+entered, and so sees every op first, as it would as a mode of its own above it, one round trip sooner. The
+last layer of an analytic run hands an op to the fake mode the same way, in Python (:func:`into_fake_mode`).
 """
 
 from __future__ import annotations
