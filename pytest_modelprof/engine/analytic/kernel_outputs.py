@@ -213,9 +213,7 @@ class KernelOutputs(Layer):
         if acts is _ITERATING:  # an elementwise op (the common case of the rest): the last branch below, alone
             out = self.below(func, types, args, kwargs)
             if isinstance(out, FakeTensor) and not _all_contiguous(out, args) and any(isinstance(a, FakeTensor) for a in args[:3]):
-                strides = elementwise_strides(func, args, kwargs or {}, tuple(out.shape))
-                if strides is not None and strides != tuple(out.stride()):
-                    out.as_strided_(out.shape, strides, out.storage_offset())
+                _restride(out, elementwise_strides(func, args, kwargs or {}, tuple(out.shape)))
             return out
         kwargs = kwargs or {}
         fake = any(isinstance(a, FakeTensor) for a in args[:3])  # a number may come first (pow.Scalar)
@@ -255,14 +253,16 @@ class KernelOutputs(Layer):
         elif func in LAYOUTS:
             out = _laid_out(func, args, kwargs, out)
         elif func.overloadpacket.__name__ in _ITERATED and isinstance(out, FakeTensor) and not _all_contiguous(out, args):
-            strides = elementwise_strides(func, args, kwargs, tuple(out.shape))
-            if strides is not None and strides != tuple(out.stride()):
-                out.as_strided_(out.shape, strides, out.storage_offset())
+            _restride(out, elementwise_strides(func, args, kwargs, tuple(out.shape)))
         elif func in _VIEWS and isinstance(out, FakeTensor) and not args[0].is_contiguous():
-            strides = view_strides(tuple(args[0].shape), tuple(args[0].stride()), tuple(out.shape))
-            if strides is not None and strides != tuple(out.stride()):
-                out.as_strided_(out.shape, strides, out.storage_offset())  # the same tensor, restrided
+            _restride(out, view_strides(tuple(args[0].shape), tuple(args[0].stride()), tuple(out.shape)))
         return out
+
+
+def _restride(out: torch.Tensor, strides: tuple[int, ...] | None) -> None:
+    """``out`` (the same tensor) given ``strides`` where they are known and not its own already."""
+    if strides is not None and strides != tuple(out.stride()):
+        out.as_strided_(out.shape, strides, out.storage_offset())
 
 
 def _acts_on(func: Any) -> object:
