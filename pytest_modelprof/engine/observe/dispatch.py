@@ -211,10 +211,13 @@ class Dispatcher(Layer):  # type: ignore[no-untyped-call]
         its kind (an op; a metadata query, passed on; a higher-order operator)."""
         if func in METADATA:
             entry: tuple[str, bool, object] = ("", False, _METADATA)
-        elif is_hop(func):
-            entry = (hop_name(func), any(m.wants_decomposition(func) for m in self._decomposers), _HOP)
         else:
-            entry = (op_name(func), any(m.wants_decomposition(func) for m in self._decomposers), _OP)
+            hop = is_hop(func)
+            entry = (
+                hop_name(func) if hop else op_name(func),
+                any(m.wants_decomposition(func) for m in self._decomposers),
+                _HOP if hop else _OP,
+            )
         self._names[func] = entry
         return entry
 
