@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .errors import ProfileError
 
@@ -155,8 +156,13 @@ def _observe_ddp(model: nn.Module) -> None:
             module.register_comm_hook(module.process_group, allreduce)
 
 
+_UNSHARDED = (torch.Tensor, FakeTensor, nn.Parameter)  # tensor types that are never a DTensor
+
+
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """What this rank holds of ``tensor``: a DTensor's local shard; any other tensor itself."""
+    if type(tensor) in _UNSHARDED:
+        return tensor  # (the common case, without an attribute look-up that fails)
     inner = getattr(tensor, "_local_tensor", None)
     return inner if isinstance(inner, torch.Tensor) else tensor
 

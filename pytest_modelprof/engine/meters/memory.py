@@ -489,7 +489,7 @@ def _parts(tensor: torch.Tensor) -> list[torch.Tensor]:
     layout without storages (MKL-DNN)."""
     layout = tensor.layout
     if layout == torch.strided:
-        return [tensor if type(tensor) is FakeTensor else local(tensor)]
+        return [local(tensor)]
     with _disable_current_modes():  # the meter's own reads: no op of the step
         if layout == torch.sparse_coo:
             return [tensor._indices(), tensor._values()]
