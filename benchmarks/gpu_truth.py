@@ -55,14 +55,22 @@ def capture() -> ModuleType:
     return module
 
 
-def records() -> dict[str, dict[str, Any]]:
-    return {r["name"]: r for r in json.loads((TRUTH / "h100.json").read_text())} if available() else {}
+def records(gpu: str = "h100") -> dict[str, dict[str, Any]]:
+    """The records measured on ``gpu`` (``h100``: the shared workloads the shipped calibration is fitted on;
+    ``h200``: those and the held-out ones, captured on an H200), by workload name."""
+    path = TRUTH / f"{gpu}.json"
+    return {r["name"]: r for r in json.loads(path.read_text()) if "error" not in r} if available() and path.exists() else {}
+
+
+def heldout(name: str) -> bool:
+    """Whether ``name`` is one of capture.py's held-out workloads (kept out of every fit)."""
+    return name in capture().HELDOUT
 
 
 def workload(name: str) -> tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]:
     """The model, its inputs and profile()'s keywords (train, optimizer, autocast, loss_fn) for ``name``."""
     module = capture()
-    build, make_x, train, dtype, autocast, opt_name = module.SHARED[name]
+    build, make_x, train, dtype, autocast, opt_name = module.WORKLOADS[name]
     with torch.device("meta"):
         model = build()
     if dtype is not None:
