@@ -56,8 +56,9 @@ def capture() -> ModuleType:
 
 
 def records(gpu: str = "h100") -> dict[str, dict[str, Any]]:
-    """The records measured on ``gpu`` (``h100``: the shared workloads the shipped calibration is fitted on;
-    ``h200``: those and the held-out ones, captured on an H200), by workload name."""
+    """The records of one file of the gpu-truth folder, by workload name: ``h100`` (the shared workloads the
+    shipped calibration is fitted on), ``h200`` (those and the held-out ones, on an H200), ``h200-probes``
+    (one-layer steps, for their kernel times), ``h200-repeat`` (five captured again)."""
     path = TRUTH / f"{gpu}.json"
     return {r["name"]: r for r in json.loads(path.read_text()) if "error" not in r} if available() and path.exists() else {}
 

@@ -91,8 +91,9 @@ def main() -> None:
     per_plain = _seconds(plain) / _ops(plain)
     per_engine = (_seconds(both, 100) - _seconds(recorded)) / backward_ops
     per_view = _seconds(views) / _ops(views)
-    print(f"on {device}: per op: recorded {per_recorded * 1e6:.2f} us, plain {per_plain * 1e6:.2f} us, engine {per_engine * 1e6:.2f} us, view {per_view * 1e6:.2f} us")
-    print(f"ratios to recorded: plain {per_plain / per_recorded:.2f}, engine {per_engine / per_recorded:.2f}, view {per_view / per_recorded:.2f}")
+    per_op = {"recorded": per_recorded, "plain": per_plain, "engine": per_engine, "view": per_view}
+    print(f"on {device}: per op: " + ", ".join(f"{who} {seconds * 1e6:.2f} us" for who, seconds in per_op.items()))
+    print("ratios to recorded: " + ", ".join(f"{who} {seconds / per_recorded:.2f}" for who, seconds in per_op.items() if who != "recorded"))
 
 
 if __name__ == "__main__":

@@ -293,6 +293,49 @@ def test_the_shipped_calibration_predicts_the_recorded_h100_steps_as_the_docs_sa
     assert max(errors.values()) < 0.0865, errors
 
 
+# pytest_modelprof/data/gpu-truth/h200.json: twenty workloads kept out of every fit, on an H200 ---------------
+# (no figure of an H200 went into the shipped calibration or the memory model)
+
+HELD_OUT = sorted(name for name in gpu_truth.records("h200") if gpu_truth.heldout(name))
+# measured here, with the records' cuDNN (9.19) and with 9.24 alike: peak / max_memory_allocated
+OPEN_HELD_OUT = {
+    "lstm2x1024-s256-b32-eval-fp32": "peak 0.381: cuDNN's RNN workspace is not modelled (as the shared LSTM step's)",
+    # float16 inference CNNs, each over the record: the cuDNN workspace modelled for their convolutions is the suspect
+    "resnext50_32x4d-b64-eval-fp16": "peak 1.163 (516 / 444 MiB; 196 MiB of modelled cuDNN workspace), not yet explained",
+    "deeplabv3_resnet50-b4-eval-fp16": "peak 1.102 (338 / 306 MiB; 96 MiB of modelled cuDNN workspace), not yet explained",
+    "mobilenet_v2-b128-eval-fp16": "peak 1.068 (763 / 714 MiB; 343 MiB of modelled cuDNN workspace), not yet explained",
+    "efficientnet_b0-b64-train-autocast_fp16-adamw": "peak 0.962: 112 MiB short of the record, not yet explained",
+}
+
+
+@functools.cache
+def h200_step(name):
+    model, inputs, keywords = gpu_truth.workload(name)
+    return profile(model, inputs, target="h200", **keywords), gpu_truth.records("h200")[name]
+
+
+def test_the_h200_records_hold_twenty_held_out_workloads_and_the_shared_ones():
+    records = gpu_truth.records("h200")
+    assert len(HELD_OUT) == 20
+    assert set(gpu_truth.records()) <= set(records)  # the nine fitted on, measured again on the H200
+    assert {record["gpu"] for record in records.values()} == {"NVIDIA H200"}
+
+
+@pytest.mark.parametrize("name", HELD_OUT)
+def test_a_held_out_h200_step_peaks_where_the_record_peaked(name):
+    if name in OPEN_HELD_OUT:
+        pytest.xfail(OPEN_HELD_OUT[name])
+    result, record = h200_step(name)
+    assert math.isclose(result.peak_memory_bytes, record["steady_step"]["max_allocated"], rel_tol=0.03)
+
+
+def test_the_shipped_calibration_predicts_the_held_out_h200_steps_as_the_docs_say():
+    # docs/targets.md: "held out, on an H200: median error 13.3%, worst 39.7%" (benchmarks/predicted_vs_h200.py)
+    errors = {name: abs(h200_step(name)[0].predicted.seconds / (h200_step(name)[1]["step_ms_median"] / 1e3) - 1) for name in HELD_OUT}
+    assert statistics.median(errors.values()) < 0.1335
+    assert max(errors.values()) < 0.3975, errors
+
+
 def test_a_cpu_tensor_made_inside_the_model_is_explained_on_a_target():
     class Positions(nn.Module):
         def __init__(self):

@@ -1,0 +1,119 @@
+"""Predicted step and kernel times against an H200 the shipped calibration was never fitted on.
+
+``pytest_modelprof/data/gpu-truth/h200.json`` holds twenty held-out workloads (models, precisions and
+modes kept out of every fit) and the nine shared ones, measured on an H200; ``h200-probes.json``
+one-layer steps whose kernels were timed one kind at a time. On this CPU-only machine each is run
+analytically on target ``h200`` with the shipped calibration (fitted on H100 steps and NeuSight's
+kernels of five older GPUs: no H200 figure), and compared:
+
+- the steps: measured and predicted, the error, and the median and largest |error| of the
+  held-out and of the shared ones, and by class (training or inference; fp32, half precision,
+  autocast);
+- the kernels: for every operator (name and shapes) of the probes and of the held-out steps, the
+  predicted against the measured kernel time, the median |error| by class of kernel.
+
+    python benchmarks/predicted_vs_h200.py [--kernels-only | --steps-only]
+
+The issue's goal (issue 38), on held-out steps: median |error| <= 10%, largest <= 25%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import gpu_truth  # noqa: E402
+from pytest_modelprof import GPUS  # noqa: E402
+from pytest_modelprof.engine.calibrate import Observed, errors, kernel_time, observe  # noqa: E402
+
+H200 = GPUS["h200"]
+GOAL = (0.10, 0.25)  # held-out steps: median and largest |error|
+
+
+def observed(records: dict[str, dict]) -> list[Observed]:
+    out = []
+    for name, record in records.items():
+        model, inputs, keywords = gpu_truth.workload(name)
+        out.append(observe(H200, model, inputs, record, **keywords))
+    return out
+
+
+def step_class(name: str) -> str:
+    mode = "train" if "-train-" in name else "eval"
+    precision = "autocast" if "autocast" in name else "fp32" if "fp32" in name else "half"
+    return f"{mode} {precision}"
+
+
+def kernel_class(op: str, shapes: object) -> str:
+    name = op.removeprefix("aten.")
+    for family in ("convolution", "batch_norm", "layer_norm", "max_pool", "softmax", "rnn", "attention", "foreach"):
+        if family in name:
+            return f"{family}{'_backward' if 'backward' in name else ''}"
+    if name in ("mm", "addmm", "bmm", "baddbmm", "linear"):
+        return "matmul"
+    if name in ("sum", "mean", "amax", "max", "norm"):
+        return "reduction"
+    return "elementwise and copies"
+
+
+def summary(values: list[float]) -> str:
+    magnitudes = [abs(v) for v in values]
+    return f"median |error| {statistics.median(magnitudes):6.1%}, max {max(magnitudes):6.1%} ({len(values)})"
+
+
+def steps() -> None:
+    data = observed(gpu_truth.records("h200"))
+    errs = errors(H200, data, H200.calibration)
+    print(f"{'workload':48s} {'':4s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  (ms, median of 20 steps)")
+    order = sorted(range(len(data)), key=lambda i: (not gpu_truth.heldout(data[i].name), data[i].name))
+    for i in order:
+        o = data[i]
+        tag = "held" if gpu_truth.heldout(o.name) else "fit"
+        print(f"{o.name:48s} {tag:4s} {o.step_seconds * 1e3:9.3f} {(1 + errs[i]) * o.step_seconds * 1e3:9.3f} {errs[i]:+7.1%}")
+    held = [e for o, e in zip(data, errs) if gpu_truth.heldout(o.name)]
+    shared = [e for o, e in zip(data, errs) if not gpu_truth.heldout(o.name)]
+    print(f"\nheld-out steps: {summary(held)}   goal: median <= {GOAL[0]:.0%}, max <= {GOAL[1]:.0%}")
+    print(f"shared steps (fitted on their H100 records): {summary(shared)}")
+    by_class: dict[str, list[float]] = defaultdict(list)
+    for o, e in zip(data, errs):
+        by_class[step_class(o.name)].append(e)
+    for cls in sorted(by_class):
+        print(f"  {cls:16s} {summary(by_class[cls])}")
+
+
+def kernels() -> None:
+    probes = gpu_truth.records("h200-probes")
+    held = {n: r for n, r in gpu_truth.records("h200").items() if gpu_truth.heldout(n)}
+    for title, records in (("probes (one layer each)", probes), ("the held-out steps' operators", held)):
+        by_class: dict[str, list[float]] = defaultdict(list)
+        weights: dict[str, float] = defaultdict(float)
+        for o in observed(records):
+            for (op, shapes), (works, seconds) in o.matched.items():
+                if seconds > 0:
+                    cls = kernel_class(op, shapes)
+                    by_class[cls].append(kernel_time(H200, works, H200.calibration) / seconds - 1)
+                    weights[cls] += seconds
+        print(f"\nkernel time per operator and shapes, {title}: predicted against measured")
+        for cls in sorted(by_class, key=lambda c: -weights[c]):
+            print(f"  {cls:26s} {summary(by_class[cls])}  measured {weights[cls] * 1e3:8.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--kernels-only", action="store_true")
+    group.add_argument("--steps-only", action="store_true")
+    options = parser.parse_args()
+    if not options.kernels_only:
+        steps()
+    if not options.steps_only:
+        kernels()
+
+
+if __name__ == "__main__":
+    main()
