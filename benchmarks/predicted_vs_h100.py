@@ -7,7 +7,9 @@ model (efficiency per kind of kernel, the tile and reduction constants of a matr
 norm's bandwidth per channel, a kernel's fixed time) to the measured kernel time of each operator
 and input shapes the records hold, weighted by that time, together with NeuSight's kernels timed one
 at a time on five other GPUs (pytest_modelprof/data/kernel-data, ``benchmarks/neusight.py``); then
-the host's time per op to the step times.
+the host's time per op to the step times. Last, the constants of the kinds of kernel no H100 step
+runs (PyTorch's own batch-norm kernels, which a model in half precision takes: ``calibrate.fit_kinds``),
+on the batch norms of the one-layer probes measured on an H200 (pytest_modelprof/data/gpu-truth).
 Each workload is also predicted by a calibration fitted without it (leave one out: both
 stages, its kernels and its step left out). Printed: the step table (measured, predicted
 with the shipped calibration, with the fit on all, leaving it out), the per-operator
@@ -28,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import gpu_truth, neusight  # noqa: E402
 from pytest_modelprof import GPUS  # noqa: E402
-from pytest_modelprof.engine.calibrate import Observed, errors, fit, kernel_time, observe  # noqa: E402
+from pytest_modelprof.engine.calibrate import Observed, errors, fit, fit_kinds, kernel_time, observe  # noqa: E402
 from pytest_modelprof.engine.targets.gpus import Calibration  # noqa: E402
 
 H100 = GPUS["h100"]
@@ -39,6 +41,22 @@ def workloads() -> list[Observed]:
     for name, record in gpu_truth.records().items():
         model, inputs, keywords = gpu_truth.workload(name)
         out.append(observe(H100, model, inputs, record, **keywords))
+    return out
+
+
+NATIVE_KINDS = frozenset({"norm_native", "norm_native_backward"})
+
+
+def native_batch_norms() -> list[tuple]:
+    """The batch norms of the H200's one-layer probes (pytest_modelprof/data/gpu-truth/h200-probes.json) that run
+    PyTorch's own kernels (float16 and bfloat16 weights): the kinds no H100 step runs, as ``fit_kinds`` takes them."""
+    h200 = GPUS["h200"]
+    out = []
+    for name, record in gpu_truth.records("h200-probes").items():
+        if name.startswith("probe-batchnorm-") and not name.endswith("-fp32"):
+            model, inputs, keywords = gpu_truth.workload(name)
+            observed = observe(h200, model, inputs, record, **keywords)
+            out += [(h200, works, seconds) for works, seconds in observed.matched.values()]
     return out
 
 
@@ -64,8 +82,13 @@ def main() -> None:
     data = workloads()
     timed = kernels()
     shipped = H100.calibration
-    source = f"fitted on {len(data)} H100 steps (the project's gpu-truth records, torch 2.11) and {len(timed)} kernels timed on five GPUs"
+    source = (
+        f"fitted on {len(data)} H100 steps (the project's gpu-truth records, torch 2.11) and {len(timed)} kernels timed on five GPUs; "
+        "PyTorch's own batch-norm kernels on an H200's one-layer probes"
+    )
     full = fit(H100, data, source=source, timed=timed)  # from the round defaults, as each leave-one-out fit starts
+    # then the kinds no H100 step runs, on the H200's probes (the steps' figures do not depend on them)
+    full = fit_kinds(full, native_batch_norms(), NATIVE_KINDS)
     print(f"{'workload':48s} {'measured':>9s} {'shipped':>9s} {'err':>7s} {'fit':>9s} {'err':>7s} {'left out':>9s} {'err':>7s}  (ms)")
     table: dict[str, list[float]] = {"shipped": errors(H100, data, shipped), "fit": errors(H100, data, full)}
     if not options.no_leave_one_out:

@@ -95,6 +95,19 @@ def test_kinds_of_kernels():
     dense_backward = (x, x, dense, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
     assert kind_of("aten.convolution_backward", dense_backward) == "conv_backward"  # cuDNN's backward kernels
     assert kind_of("aten.mv") == "memory"
+    # PyTorch's own batch-norm kernels (a model in half precision), not cuDNN's: constants of their own
+    assert kind_of("aten.native_batch_norm") == "norm_native" and kind_of("aten.native_batch_norm_backward") == "norm_native_backward"
+    assert kind_of("aten._native_batch_norm_legit_no_training") == "norm_native"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kinds"), [(torch.float32, {"norm", "norm_backward"}), (torch.float16, {"norm_native", "norm_native_backward"})]
+)
+def test_batch_norm_on_a_gpu_runs_cudnn_for_float32_weights_and_pytorchs_own_kernels_for_half(dtype, kinds):
+    # eager CUDA (at::_batch_norm_impl_index) takes cuDNN's kernels unless the weights are half precision
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).to(device="meta", dtype=dtype)
+    ops = profile(model, torch.empty(4, 3, 16, 16, device="meta", dtype=dtype), train=True, target=GPU).predicted.ops
+    assert {kind_of(row.op) for row in ops if "batch_norm" in row.op} == kinds
 
 
 def test_the_matrix_products_behind_a_convolution_by_hand():

@@ -35,7 +35,7 @@ from torch import nn
 from .formulas import FormulaTable
 from .meters import Meter, Op
 from .meters.predicted import op_features
-from .targets.cost import COMPUTE_KINDS, MATH_OF, StepClock, Work, kernel_seconds, math_unit
+from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, StepClock, Work, kernel_seconds, math_unit
 from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
@@ -153,7 +153,7 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
                 parameters.add(("simt_integer", None))
         elif kind != "none":
             efficiencies.add(kind)
-            if kind in ("norm", "norm_backward"):
+            if kind in NORM_KINDS:
                 parameters.add(("reduction_bandwidth", kind))
     parameters.update(("efficiency", name) for name in efficiencies)
     return sorted(parameters, key=lambda p: (p[0], p[1] or ""))
@@ -330,6 +330,23 @@ def fit(
     names = ", ".join(o.name for o in observed if o.name)
     source = source or f"fitted on {len(observed)} steps measured on {gpu.name} ({names})"
     return dataclasses.replace(calibration, calibrated=True, source=source)
+
+
+def fit_kinds(calibration: Calibration, kernels: Sequence[tuple[GPUSpec, list[Work], float]], kinds: AbstractSet[str]) -> Calibration:
+    """``calibration`` with the constants of ``kinds`` alone (their efficiency, their reduction bandwidth)
+    fitted to ``kernels`` (each an operator's works on its GPU and its measured seconds, weighted by its
+    time, as :func:`fit` weighs a step's), every other constant kept: kinds of kernel that the steps a
+    calibration is fitted on do not run (a model in half precision's batch norm)."""
+    kernels = [(gpu, works, seconds) for gpu, works, seconds in kernels if works and seconds > 0 and all(w.kind in kinds for w in works)]
+    if not kernels:
+        raise ValueError(f"no measured kernel of the kinds {sorted(kinds)} to fit their constants to")
+    parameters = [p for p in kernel_parameters([(gpu, w) for gpu, works, _ in kernels for w in works]) if p[1] in kinds]
+    weight = 1 / math.sqrt(sum(seconds for _, _, seconds in kernels))
+
+    def residuals(candidate: Calibration) -> list[float]:
+        return [weight * math.sqrt(seconds) * math.log(kernel_time(gpu, works, candidate) / seconds) for gpu, works, seconds in kernels]
+
+    return _fit_stage(calibration, parameters, residuals)
 
 
 def _usable(timed: Sequence[Timed]) -> list[Timed]:

@@ -11,6 +11,7 @@ from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
 from ..formulas import FormulaTable, cost_of
 from ..targets.cost import (
     COMPUTE_KINDS,
+    NORM_KINDS,
     Bound,
     Issuer,
     StepClock,
@@ -109,7 +110,7 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     if kind == "rnn":
         kernels = rnn_kernels(op.name, op.args)
         nbytes += rnn_recurrent_bytes(op.name, op.args)
-    passes, reductions = norm_work(op.name, op.args) if kind in ("norm", "norm_backward") else (1.0, 0)
+    passes, reductions = norm_work(op.name, op.args) if kind in NORM_KINDS else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
     return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, issuer(op, tensors), tf32_allowed(kind))
 

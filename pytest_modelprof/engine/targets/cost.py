@@ -18,7 +18,9 @@ convolution's backward pass (cuDNN's own kernels for the two gradients) has an e
 own, and a recurrent layer re-reads its recurrent weights at every step (:func:`rnn_recurrent_bytes`).
 A normalisation goes over its data more than once and, where it runs only a few independent
 reductions (batch norm's channels), is bound by them rather than by the bandwidth
-(:func:`norm_work`). A convolution with few input channels per group (depthwise, or a first layer
+(:func:`norm_work`); PyTorch's own batch-norm kernels (``norm_native``: the CUDA path where the
+weights are half precision, cuDNN's being taken for float32) are slower than cuDNN's, per byte, and
+have constants of their own. A convolution with few input channels per group (depthwise, or a first layer
 on RGB pixels) runs off the tensor cores (``conv_narrow``).
 
 The step is simulated on two clocks, as eager PyTorch runs it: the host issues ops one after
@@ -47,7 +49,19 @@ from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
 
 Kind = Literal[
-    "matmul", "conv", "conv_backward", "conv_narrow", "conv_narrow_backward", "attention", "rnn", "norm", "norm_backward", "memory", "none"
+    "matmul",
+    "conv",
+    "conv_backward",
+    "conv_narrow",
+    "conv_narrow_backward",
+    "attention",
+    "rnn",
+    "norm",
+    "norm_backward",
+    "norm_native",
+    "norm_native_backward",
+    "memory",
+    "none",
 ]
 Bound = Literal["compute", "memory", "launch"]
 Issuer = Literal["recorded", "plain", "engine"]
@@ -63,14 +77,29 @@ KINDS: tuple[Kind, ...] = (
     "rnn",
     "norm",
     "norm_backward",
+    "norm_native",
+    "norm_native_backward",
     "memory",
 )  # the kinds of kernels, each with its efficiency ("none": no kernel)
+NORM_KINDS = frozenset({"norm", "norm_backward", "norm_native", "norm_native_backward"})  # see :func:`norm_work`
 COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_backward", "attention", "rnn"})  # on tensor cores where the dtype allows
 LIBRARY_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and cuDNN's products (see :mod:`.products`)
 
 # the op registry's kernels (:attr:`~..ops.OpInfo.kernel`) by op name, those of the kind "memory" left out
 KIND_OF: dict[str, Kind] = {info.name: info.kernel for info in REGISTRY.values() if info.kernel != "memory"}
 SYNCHRONIZING = frozenset(info.name for info in REGISTRY.values() if info.synchronizing)
+# batch norm in PyTorch's own CUDA kernels: one block per channel gathers its statistics, a block per plane
+# normalises; eager PyTorch takes them over cuDNN's where the weights are not float32 (a model in half precision)
+NATIVE_BATCH_NORM = frozenset(
+    f"aten.{name}"
+    for name in (
+        "native_batch_norm",
+        "native_batch_norm_backward",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training",
+        "_native_batch_norm_legit_functional",
+    )
+)
 
 
 def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
@@ -80,8 +109,10 @@ def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
     with fewer than :data:`NARROW_CHANNELS` input channels per group (depthwise convolutions, a
     network's first on RGB pixels) is ``"conv_narrow"`` (``"conv_narrow_backward"``): off the
     tensor cores, and far below the memory's bandwidth; a product with a vector (``mv``, ``dot``)
-    is bound by memory."""
+    is bound by memory. Batch norm in PyTorch's own kernels is ``"norm_native"`` (``"norm_native_backward"``)."""
     kind = KIND_OF.get(name, "memory")
+    if name in NATIVE_BATCH_NORM:
+        return "norm_native_backward" if kind == "norm_backward" else "norm_native"
     if kind == "conv":
         weight = as_tensor(argument(args, 2 if name == "aten.convolution_backward" else 1))
         if weight is not None and weight.dim() > 2 and conv_channels(name, args, weight)[0] < NARROW_CHANNELS:

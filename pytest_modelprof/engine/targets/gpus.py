@@ -40,7 +40,8 @@ class Calibration:
     """The predicted-time model's figures for one GPU (see :mod:`.cost`).
 
     ``efficiency``: per kind of kernel (``matmul``, ``conv``, ``conv_backward``, ``conv_narrow``,
-    ``conv_narrow_backward``, ``attention``, ``rnn``, ``norm``, ``norm_backward``, ``memory``: see
+    ``conv_narrow_backward``, ``attention``, ``rnn``, ``norm``, ``norm_backward``, ``norm_native``,
+    ``norm_native_backward``, ``memory``: see
     :func:`.cost.kind_of`), the fraction of the peak it reaches at full size: of the math's peak
     for the kinds on tensor cores, of the memory bandwidth for the others; ``KIND_simt``
     (``matmul_simt``, ``conv_simt``, ...): of the CUDA cores' peak, for a product that runs there
@@ -64,6 +65,8 @@ class Calibration:
             "rnn": 0.6,
             "norm": 0.7,
             "norm_backward": 0.7,
+            "norm_native": 0.4,
+            "norm_native_backward": 0.4,
             "memory": 0.8,
             "matmul_simt": 0.8,
             "conv_simt": 0.8,
@@ -102,7 +105,9 @@ UNCALIBRATED = Calibration()
 # in pytest_modelprof/data/gpu-truth (torch 2.11, cuDNN 9.19) and the kernels NeuSight timed one at a time on a
 # P4, P100, T4, V100 and A100 (pytest_modelprof/data/kernel-data); its leave-one-out and leave-one-GPU-out tables
 # (benchmarks/kernel_data.py) say how far it carries to other models and GPUs. conv_backward_simt is not fitted
-# (no fp32 convolution's backward pass without TF32 was measured): a round figure.
+# (no fp32 convolution's backward pass without TF32 was measured): a round figure. norm_native and
+# norm_native_backward (PyTorch's own batch-norm kernels, which no H100 step runs) are fitted on their own, every
+# other constant kept, on the float16 and bfloat16 batch norms of the H200's one-layer probes (h200-probes.json).
 FITTED = Calibration(
     efficiency={
         "matmul": 0.9081,
@@ -114,6 +119,8 @@ FITTED = Calibration(
         "rnn": 0.3169,
         "norm": 0.8296,
         "norm_backward": 0.7242,
+        "norm_native": 0.3106,
+        "norm_native_backward": 0.4391,
         "memory": 0.8355,
         "matmul_simt": 0.8686,
         "conv_simt": 1.603,
@@ -122,14 +129,15 @@ FITTED = Calibration(
     },
     gemm_half={"k": 161.4, "k_simt": 10.84},
     tile_cost={"tensor": 2.262, "simt": 13.89},
-    reduction_bandwidth={"norm": 21.5e9, "norm_backward": 13.57e9},
+    reduction_bandwidth={"norm": 21.5e9, "norm_backward": 13.57e9, "norm_native": 5.807e9, "norm_native_backward": 5.426e9},
     power_exponent=1.137,
     simt_integer=0.3473,
     kernel_seconds=2.942e-6,
     host_seconds=15.55e-6,
     view_seconds=13.96e-6,
     calibrated=True,
-    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11) and 4800 kernels timed on five GPUs (NeuSight's)",
+    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11) and 4800 kernels timed on five GPUs (NeuSight's); "
+    "PyTorch's own batch-norm kernels on an H200's one-layer probes",
 )
 
 
