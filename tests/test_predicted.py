@@ -167,6 +167,11 @@ def test_batch_norm_with_few_channels_is_bound_by_its_reductions_by_hand():
     assert norm_work("aten.native_layer_norm", (torch.empty(8, 512, 768, device="meta"), [768])) == (1.5, 8 * 512)
     planes = torch.empty(32, 2048, 7, 7, device="meta")  # inference: one plane of 49 pixels per 256 threads
     assert norm_work("aten._native_batch_norm_legit_no_training", (planes,)) == (256 / 49, 0)
+    # a rate per element: a half-precision input takes as long as a float32 one (its passes at float32's bytes)
+    half = x.to(torch.float16)
+    assert norm_work("aten.cudnn_batch_norm", (half, None, None, None, None, True, 0.1, 1e-5)) == (3.0, 16)
+    assert norm_work("aten.native_batch_norm", (planes.to(torch.bfloat16), None, None, None, None, False, 0.1, 1e-5)) == (2 * 256 / 49, 0)
+    assert norm_work("aten.native_layer_norm", (torch.empty(8, 512, 768, device="meta", dtype=torch.float16), [768])) == (1.5, 8 * 512)
     calibration = Calibration(efficiency={"norm": 0.8, "memory": 0.8}, reduction_bandwidth={"norm": 20e9}, kernel_seconds=0.0)
     nbytes = 2 * x.numel() * 4
     work = Work("aten.cudnn_batch_norm", "norm", 0, nbytes, torch.float32, 1, (), 1.5, 16)
