@@ -155,7 +155,7 @@ PROBES: dict[str, tuple[Any, ...]] = {
 
 def run_one(name: str) -> dict[str, Any]:
     module = gpu_truth.capture()
-    build, make_x, train, dtype, autocast, opt_name = {**module.SHARED, **PROBES}[name]
+    build, make_x, train, dtype, autocast, opt_name = {**module.WORKLOADS, **PROBES}[name]
     torch.manual_seed(0)
     # every allocation and free from here on, the set-up included (no stack traces: cheap)
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
@@ -194,8 +194,8 @@ def main() -> None:
         raise SystemExit("capture_scratch.py measures a real GPU: no CUDA device here")
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-scratch.json")
     names = sorted(gpu_truth.records()) + list(PROBES)
-    if len(sys.argv) > 2:
-        names = [n for n in names if n in sys.argv[2].split(",")]
+    if len(sys.argv) > 2:  # any workload of capture.py (the held-out ones too) or probe of this file, by name
+        names = [n for n in [*gpu_truth.capture().WORKLOADS, *PROBES] if n in sys.argv[2].split(",")]
     rows = []
     for name in names:
         done = subprocess.run([sys.executable, __file__, "one", name], capture_output=True, text=True, timeout=600)
@@ -211,7 +211,7 @@ def main() -> None:
         for op in sorted(off, key=lambda op: -abs(op["scratch"] - op["modelled"]))[:8]:
             shapes = [i["shape"] for i in op["inputs"] if i][:3]
             print(f"    {op['op']} {shapes}: measured {op['scratch'] / MiB:.1f} MiB, modelled {op['modelled'] / MiB:.1f} MiB")
-    out.write_text(json.dumps(rows, indent=1))
+        out.write_text(json.dumps(rows, indent=1))  # after each workload: a run cut short keeps what it measured
     print(f"wrote {out}")
 
 
