@@ -10,10 +10,10 @@ from torch import nn
 
 from pytest_modelprof import GPUS, profile
 from pytest_modelprof.cli import main
-from pytest_modelprof.engine.calibrate import errors, kernel_time, key, least_squares, observe
+from pytest_modelprof.engine.calibrate import errors, fit_kinds, kernel_time, key, least_squares, observe
 from pytest_modelprof.engine.probes import Probe, calibrate, measure_probe, probe_loss
 from pytest_modelprof.engine.targets.catalog import gpu_spec, load_calibration, save_calibration
-from pytest_modelprof.engine.targets.cost import StepClock, kernel_seconds
+from pytest_modelprof.engine.targets.cost import StepClock, Work, kernel_seconds
 from pytest_modelprof.engine.targets.gpus import Calibration
 
 H100 = GPUS["h100"]
@@ -30,6 +30,33 @@ def test_least_squares_finds_a_known_minimum_within_its_bounds():
     assert least_squares(residuals, [0.0, 0.0], [-10, -10], [10, 10]) == pytest.approx([2.0, 1.0], abs=1e-6)
     slope, intercept = least_squares(residuals, [0.0, 0.0], [-10, 0.0], [10, 0.5])
     assert intercept == pytest.approx(0.5) and slope == pytest.approx(31 / 14, abs=1e-6)
+
+
+def test_fitting_some_kinds_recovers_their_constants_and_keeps_every_other():
+    # batch norms in PyTorch's own kernels timed by a known calibration (0.5 of the bandwidth, 10 GB/s a channel)
+    start = H100.calibration
+    truth = dataclasses.replace(
+        start,
+        efficiency={**start.efficiency, "norm_native": 0.5},
+        reduction_bandwidth={**start.reduction_bandwidth, "norm_native": 10e9},
+    )
+    kernels = []
+    for channels, pixels in [(64, 112 * 112), (256, 56 * 56), (1024, 14 * 14), (2048, 7 * 7), (96, 224 * 224)]:
+        nbytes = 2 * 64 * channels * pixels * 4
+        for work in (
+            Work("aten.native_batch_norm", "norm_native", 0, nbytes, torch.float16, 1, (), 3.0, channels),
+            Work("aten.native_batch_norm", "norm_native", 0, nbytes, torch.float16, 1, (), 2.0, 0),
+        ):
+            kernels.append((H100, [work], kernel_seconds(H100, truth, work)[0]))
+    fitted = fit_kinds(start, kernels, {"norm_native"})
+    assert fitted.efficiency["norm_native"] == pytest.approx(0.5, rel=0.01)
+    assert fitted.reduction_bandwidth["norm_native"] == pytest.approx(10e9, rel=0.01)
+    assert {k: v for k, v in fitted.efficiency.items() if k != "norm_native"} == {
+        k: v for k, v in start.efficiency.items() if k != "norm_native"
+    }
+    assert (fitted.kernel_seconds, fitted.host_seconds, fitted.gemm_half) == (start.kernel_seconds, start.host_seconds, start.gemm_half)
+    with pytest.raises(ValueError, match="no measured kernel of the kinds"):
+        fit_kinds(start, kernels, {"conv"})
 
 
 def test_operators_match_the_profilers_names_and_shapes():
