@@ -172,12 +172,25 @@ def test_batch_norm_with_few_channels_is_bound_by_its_reductions_by_hand():
     assert norm_work("aten.cudnn_batch_norm", (half, None, None, None, None, True, 0.1, 1e-5)) == (3.0, 16)
     assert norm_work("aten.native_batch_norm", (planes.to(torch.bfloat16), None, None, None, None, False, 0.1, 1e-5)) == (2 * 256 / 49, 0)
     assert norm_work("aten.native_layer_norm", (torch.empty(8, 512, 768, device="meta", dtype=torch.float16), [768])) == (1.5, 8 * 512)
+    # a 2-d input (BatchNorm1d after a linear layer) or a channels-last one: PyTorch's channels-last kernel, no planes
+    flat = torch.empty(256, 4096, device="meta")
+    assert norm_work("aten.native_batch_norm", (flat, None, None, None, None, False, 0.1, 1e-5)) == (1.0, 0)
+    last = planes.to(memory_format=torch.channels_last)
+    assert norm_work("aten.native_batch_norm", (last, None, None, None, None, False, 0.1, 1e-5)) == (1.0, 0)
     calibration = Calibration(efficiency={"norm": 0.8, "memory": 0.8}, reduction_bandwidth={"norm": 20e9}, kernel_seconds=0.0)
     nbytes = 2 * x.numel() * 4
     work = Work("aten.cudnn_batch_norm", "norm", 0, nbytes, torch.float32, 1, (), 1.5, 16)
     assert kernel_seconds(GPU, calibration, work) == (pytest.approx(nbytes * 1.5 / (16 * 20e9)), "memory")
     many = work._replace(reductions=1024)  # enough channels: the bandwidth bounds it
     assert kernel_seconds(GPU, calibration, many)[0] == pytest.approx(nbytes * 1.5 / (2e12 * 0.8))
+
+
+def test_a_calibration_without_pytorchs_own_batch_norm_constants_prices_it_as_cudnns():
+    # a calibration file written before they existed, or one fitted on probes that never run them
+    calibration = Calibration(efficiency={"norm": 0.8, "norm_backward": 0.6, "memory": 0.7}, reduction_bandwidth={"norm": 20e9})
+    for native, cudnn in (("norm_native", "norm"), ("norm_native_backward", "norm_backward")):
+        work = Work("aten.native_batch_norm", native, 0, 64 << 20, torch.float16, 1, (), 3.0, 16)
+        assert kernel_seconds(GPU, calibration, work) == kernel_seconds(GPU, calibration, work._replace(kind=cudnn))
 
 
 def test_an_op_on_host_tensors_runs_no_kernel_in_an_analytic_run():

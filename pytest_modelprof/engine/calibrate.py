@@ -35,7 +35,7 @@ from torch import nn
 from .formulas import FormulaTable
 from .meters import Meter, Op
 from .meters.predicted import op_features
-from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, StepClock, Work, kernel_seconds, math_unit
+from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, STAND_IN, StepClock, Work, kernel_seconds, math_unit
 from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
@@ -167,6 +167,8 @@ def _get(calibration: Calibration, parameter: Parameter) -> float:
     value = getattr(calibration, field)
     if name is None:
         return float(value)
+    if name not in value and STAND_IN.get(name) in value:  # the figure that prices the kind while it has none
+        return float(value[STAND_IN[name]])
     return float(value.get(name, getattr(Calibration(), field).get(name, _START.get(field, 1.0))))
 
 

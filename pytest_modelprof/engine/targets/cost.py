@@ -82,6 +82,10 @@ KINDS: tuple[Kind, ...] = (
     "memory",
 )  # the kinds of kernels, each with its efficiency ("none": no kernel)
 NORM_KINDS = frozenset({"norm", "norm_backward", "norm_native", "norm_native_backward"})  # see :func:`norm_work`
+NATIVE_NORM_KINDS = frozenset({"norm_native", "norm_native_backward"})  # PyTorch's own batch-norm kernels
+# a kind whose constants a calibration may lack (one fitted before it, or on probes that never run it), and the kind
+# whose constants stand in for them
+STAND_IN: dict[str, Kind] = {"norm_native": "norm", "norm_native_backward": "norm_backward"}
 COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_backward", "attention", "rnn"})  # on tensor cores where the dtype allows
 LIBRARY_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and cuDNN's products (see :mod:`.products`)
 
@@ -89,7 +93,8 @@ LIBRARY_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and c
 KIND_OF: dict[str, Kind] = {info.name: info.kernel for info in REGISTRY.values() if info.kernel != "memory"}
 SYNCHRONIZING = frozenset(info.name for info in REGISTRY.values() if info.synchronizing)
 # batch norm in PyTorch's own CUDA kernels: one block per channel gathers its statistics, a block per plane
-# normalises; eager PyTorch takes them over cuDNN's where the weights are not float32 (a model in half precision)
+# normalises; eager PyTorch takes them over cuDNN's where cuDNN does not take the op: weights that are not float32
+# (a model in half precision, bfloat16 autocast), no weights (affine=False), a 2-d input
 NATIVE_BATCH_NORM = frozenset(
     f"aten.{name}"
     for name in (
@@ -219,8 +224,10 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         memory = work.bytes / bandwidth
     else:
         compute = work.flops / (math_unit(gpu, kind, work.dtype, False)[0] * efficiency.get("cuda_cores", 1.0)) if work.flops else 0.0
-        rate = gpu.bandwidth * efficiency.get(kind, efficiency["memory"])
-        per_reduction = calibration.reduction_bandwidth.get(kind, 0.0)
+        stand_in = STAND_IN.get(kind, kind)
+        rate = gpu.bandwidth * efficiency.get(kind, efficiency.get(stand_in, efficiency["memory"]))
+        reductions = calibration.reduction_bandwidth
+        per_reduction = reductions.get(kind, reductions.get(stand_in, 0.0))
         if work.reductions and per_reduction:
             rate = min(rate, work.reductions * per_reduction)
         memory = work.bytes * work.passes / rate
@@ -293,13 +300,15 @@ def norm_work(name: str, args: tuple[object, ...]) -> tuple[float, int]:
     reduces each channel over the whole batch: as many reductions as channels; layer, group and
     RMS norm reduce rows or groups. Inference batch norm normalises only, elementwise, one plane
     (a sample's channel) per block of :data:`PLANE_THREADS` threads: a plane with fewer pixels
-    leaves threads idle.
+    leaves threads idle (a 2-d or channels-last input runs PyTorch's channels-last kernel instead,
+    without planes).
 
-    Batch norm's kernels, cuDNN's and PyTorch's alike, compute in float32 and run at a rate per
-    element, not per byte: a half-precision input takes them as long as a float32 one (measured on an
-    H200: cuDNN's forward in training over 64x256x56x56 in float16, under autocast, at 244 G elements/s,
-    over 64x256x28x28 in float32 at 245 G/s; PyTorch's own in float16 and bfloat16 to the microsecond).
-    A narrower input's passes are scaled up to float32's bytes."""
+    Batch norm's kernels compute in float32 and run at a rate per element, not per byte: cuDNN's take
+    a float16 input (under autocast) as long as a float32 one (measured on an H200: a forward in
+    training over 64x256x56x56 in float16 at 244 G elements/s, in ResNet-50's autocast step, one of
+    the held-out records; a one-layer probe over 64x256x28x28 in float32 at 245 G/s). PyTorch's own
+    kernels are priced the same way (their float16 and bfloat16 times, equal to the microsecond, cannot
+    tell elements from bytes). A narrower input's passes are scaled up to float32's bytes."""
     x = as_tensor(argument(args, 1 if name.endswith("_backward") else 0))
     if x is None or x.dim() < 2:
         return 1.0, 0
@@ -310,7 +319,8 @@ def norm_work(name: str, args: tuple[object, ...]) -> tuple[float, int]:
         training = argument(args, 7 if backward else 5, True) if name != "aten.cudnn_batch_norm_backward" else True
         if name in _BATCH_NORM_EVAL or training is False:
             pixels = math.prod(x.shape[2:])
-            return (max(1.0, PLANE_THREADS / pixels) if pixels else 1.0) * widen, 0
+            planes = x.dim() > 2 and x.stride(1) != 1  # else (a 2-d input, channels last) a kernel over channels, no planes
+            return (max(1.0, PLANE_THREADS / pixels) if planes and pixels else 1.0) * widen, 0
         return passes * widen, int(x.shape[1])
     if "group_norm" in name:
         groups = argument(args, 8 if backward else 6, 1)
