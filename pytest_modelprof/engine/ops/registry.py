@@ -38,7 +38,9 @@ Family = Literal[
 ]
 # the cost model's kind of kernel (:mod:`..targets.cost`): "memory" for every op with a kernel of no other kind,
 # "none" for an op that launches none
-Kernel = Literal["matmul", "conv", "conv_narrow", "attention", "rnn", "norm", "norm_backward", "memory", "none"]
+Kernel = Literal[
+    "matmul", "conv", "conv_narrow", "attention", "rnn", "norm", "norm_backward", "norm_native", "norm_native_backward", "memory", "none"
+]
 # the allocations a CUDA kernel makes through the caching allocator while it runs (:mod:`..targets.scratch`),
 # by the kind of kernel that makes them
 Scratch = Literal[
@@ -209,6 +211,11 @@ _NORMALIZATIONS = """native_batch_norm _native_batch_norm_legit _native_batch_no
 _native_batch_norm_legit_functional _batch_norm_with_update _batch_norm_no_update cudnn_batch_norm miopen_batch_norm
 native_batch_norm_backward batch_norm_backward cudnn_batch_norm_backward miopen_batch_norm_backward native_layer_norm
 native_layer_norm_backward native_group_norm native_group_norm_backward _fused_rms_norm _fused_rms_norm_backward""".split()
+# batch norm in PyTorch's own CUDA kernels (one block per channel gathers its statistics, a block per plane normalises):
+# eager PyTorch takes them over cuDNN's where cuDNN does not take the op: weights that are not float32 (a model in
+# half precision, bfloat16 autocast), no weights (affine=False), a 2-d input
+_NATIVE_BATCH_NORMS = """native_batch_norm native_batch_norm_backward _native_batch_norm_legit
+_native_batch_norm_legit_no_training _native_batch_norm_legit_functional""".split()
 
 # the ops whose CUDA kernels allocate scratch, by kind (reductions and reduced losses: below)
 _SCRATCH: dict[Scratch, list[str]] = {
@@ -292,6 +299,8 @@ def _build() -> dict[Any, OpInfo]:
     add(_NORMALIZATIONS, family="normalization")
     add((name for name in _NORMALIZATIONS if name.endswith("_backward")), kernel="norm_backward")
     add((name for name in _NORMALIZATIONS if not name.endswith("_backward")), kernel="norm")
+    add((name for name in _NATIVE_BATCH_NORMS if name.endswith("_backward")), kernel="norm_native_backward")
+    add((name for name in _NATIVE_BATCH_NORMS if not name.endswith("_backward")), kernel="norm_native")
     add((name for name, _ in _METADATA), family="metadata")
     add(["embedding_dense_backward"], family="indexing")
     add(_SCRATCH["grid_sampler"], family="sampling")

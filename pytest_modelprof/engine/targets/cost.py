@@ -40,7 +40,7 @@ Every GPU of the table shares one :class:`~.gpus.Calibration` (:data:`~.gpus.FIT
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
@@ -67,20 +67,7 @@ Bound = Literal["compute", "memory", "launch"]
 Issuer = Literal["recorded", "plain", "engine"]
 """Who issues an op on the host: Python with autograd recording it (a training step's forward), Python
 without (a forward under ``no_grad``, an optimizer's step), or autograd's engine in C++ (the backward pass)."""
-KINDS: tuple[Kind, ...] = (
-    "matmul",
-    "conv",
-    "conv_backward",
-    "conv_narrow",
-    "conv_narrow_backward",
-    "attention",
-    "rnn",
-    "norm",
-    "norm_backward",
-    "norm_native",
-    "norm_native_backward",
-    "memory",
-)  # the kinds of kernels, each with its efficiency ("none": no kernel)
+KINDS: tuple[Kind, ...] = tuple(kind for kind in get_args(Kind) if kind != "none")  # each with its efficiency
 NORM_KINDS = frozenset({"norm", "norm_backward", "norm_native", "norm_native_backward"})  # see :func:`norm_work`
 NATIVE_NORM_KINDS = frozenset({"norm_native", "norm_native_backward"})  # PyTorch's own batch-norm kernels
 # a kind whose constants a calibration may lack (one fitted before it, or on probes that never run it), and the kind
@@ -92,19 +79,6 @@ LIBRARY_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and c
 # the op registry's kernels (:attr:`~..ops.OpInfo.kernel`) by op name, those of the kind "memory" left out
 KIND_OF: dict[str, Kind] = {info.name: info.kernel for info in REGISTRY.values() if info.kernel != "memory"}
 SYNCHRONIZING = frozenset(info.name for info in REGISTRY.values() if info.synchronizing)
-# batch norm in PyTorch's own CUDA kernels: one block per channel gathers its statistics, a block per plane
-# normalises; eager PyTorch takes them over cuDNN's where cuDNN does not take the op: weights that are not float32
-# (a model in half precision, bfloat16 autocast), no weights (affine=False), a 2-d input
-NATIVE_BATCH_NORM = frozenset(
-    f"aten.{name}"
-    for name in (
-        "native_batch_norm",
-        "native_batch_norm_backward",
-        "_native_batch_norm_legit",
-        "_native_batch_norm_legit_no_training",
-        "_native_batch_norm_legit_functional",
-    )
-)
 
 
 def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
@@ -116,8 +90,6 @@ def kind_of(name: str, args: tuple[object, ...] = ()) -> Kind:
     tensor cores, and far below the memory's bandwidth; a product with a vector (``mv``, ``dot``)
     is bound by memory. Batch norm in PyTorch's own kernels is ``"norm_native"`` (``"norm_native_backward"``)."""
     kind = KIND_OF.get(name, "memory")
-    if name in NATIVE_BATCH_NORM:
-        return "norm_native_backward" if kind == "norm_backward" else "norm_native"
     if kind == "conv":
         weight = as_tensor(argument(args, 2 if name == "aten.convolution_backward" else 1))
         if weight is not None and weight.dim() > 2 and conv_channels(name, args, weight)[0] < NARROW_CHANNELS:
