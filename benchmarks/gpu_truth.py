@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
+from pytest_modelprof.engine.calibrate import Observed, observe
 from pytest_modelprof.engine.targets import cudnn
+from pytest_modelprof.engine.targets.gpus import GPUSpec
 
 TRUTH = Path(__file__).resolve().parents[1] / "pytest_modelprof" / "data" / "gpu-truth"
 # the cuDNN the records ran (torch 2.11.0+cu130 pins nvidia-cudnn-cu13==9.19.0.56): cuDNN's
@@ -66,6 +68,15 @@ def records(gpu: str = "h100") -> dict[str, dict[str, Any]]:
 def heldout(name: str) -> bool:
     """Whether ``name`` is one of capture.py's held-out workloads (kept out of every fit)."""
     return name in capture().HELDOUT
+
+
+def observed(gpu: GPUSpec, records: dict[str, dict[str, Any]]) -> list[Observed]:
+    """Each record's workload run analytically on ``gpu`` and matched to it (``calibrate.observe``)."""
+    out = []
+    for name, record in records.items():
+        model, inputs, keywords = workload(name)
+        out.append(observe(gpu, model, inputs, record, **keywords))
+    return out
 
 
 def workload(name: str) -> tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]:

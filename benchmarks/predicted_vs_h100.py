@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import gpu_truth, neusight  # noqa: E402
 from pytest_modelprof import GPUS  # noqa: E402
-from pytest_modelprof.engine.calibrate import Observed, errors, fit, fit_kinds, kernel_time, observe  # noqa: E402
+from pytest_modelprof.engine.calibrate import Observed, errors, fit, fit_kinds, kernel_time  # noqa: E402
 from pytest_modelprof.engine.targets.cost import NATIVE_NORM_KINDS  # noqa: E402
 from pytest_modelprof.engine.targets.gpus import Calibration  # noqa: E402
 
@@ -39,11 +39,7 @@ H100 = GPUS["h100"]
 
 
 def workloads() -> list[Observed]:
-    out = []
-    for name, record in gpu_truth.records().items():
-        model, inputs, keywords = gpu_truth.workload(name)
-        out.append(observe(H100, model, inputs, record, **keywords))
-    return out
+    return gpu_truth.observed(H100, gpu_truth.records())
 
 
 def native_batch_norms() -> list[tuple]:
@@ -57,13 +53,12 @@ def native_batch_norms() -> list[tuple]:
         return {tuple(json.loads(op["shapes"])[0]) for op in record["ops"] if op["op"].startswith("aten::native_batch_norm")}
 
     held_out = set().union(*(native_inputs(r) for name, r in gpu_truth.records("h200").items() if gpu_truth.heldout(name)))
-    out = []
-    for name, record in gpu_truth.records("h200-probes").items():
-        if name.startswith("probe-batchnorm-") and not name.endswith("-fp32") and not native_inputs(record) & held_out:
-            model, inputs, keywords = gpu_truth.workload(name)
-            observed = observe(h200, model, inputs, record, **keywords)
-            out += [(h200, works, seconds) for works, seconds in observed.matched.values()]
-    return out
+    probes = {
+        name: record
+        for name, record in gpu_truth.records("h200-probes").items()
+        if name.startswith("probe-batchnorm-") and not name.endswith("-fp32") and not native_inputs(record) & held_out
+    }
+    return [(h200, works, seconds) for o in gpu_truth.observed(h200, probes) for works, seconds in o.matched.values()]
 
 
 def kernels(per_file: int = 60) -> list[tuple]:

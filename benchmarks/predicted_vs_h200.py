@@ -33,18 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import gpu_truth  # noqa: E402
 from pytest_modelprof import GPUS  # noqa: E402
-from pytest_modelprof.engine.calibrate import Observed, errors, kernel_time, observe  # noqa: E402
+from pytest_modelprof.engine.calibrate import errors, kernel_time  # noqa: E402
 
 H200 = GPUS["h200"]
 GOAL = (0.10, 0.25)  # held-out steps: median and largest |error|
-
-
-def observed(records: dict[str, dict]) -> list[Observed]:
-    out = []
-    for name, record in records.items():
-        model, inputs, keywords = gpu_truth.workload(name)
-        out.append(observe(H200, model, inputs, record, **keywords))
-    return out
 
 
 def step_class(name: str) -> str:
@@ -82,7 +74,7 @@ def summary(values: list[float]) -> str:
 
 
 def steps() -> None:
-    data = observed(gpu_truth.records("h200"))
+    data = gpu_truth.observed(H200, gpu_truth.records("h200"))
     errs = errors(H200, data, H200.calibration)
     print(f"{'workload':48s} {'':4s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  (ms, median of 20 steps)")
     order = sorted(range(len(data)), key=lambda i: (not gpu_truth.heldout(data[i].name), data[i].name))
@@ -109,7 +101,7 @@ def kernels() -> None:
     for title, records in (("probes (one layer each)", probes), ("the held-out steps' operators", held)):
         by_class: dict[str, list[float]] = defaultdict(list)
         weights: dict[str, float] = defaultdict(float)
-        for o in observed(records):
+        for o in gpu_truth.observed(H200, records):
             for (op, _), (works, seconds) in o.matched.items():
                 if seconds > 0:
                     cls = kernel_class(op)
