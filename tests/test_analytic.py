@@ -12,7 +12,7 @@ from models import TinyCNN, TinyTransformer, flop_figures, workloads
 from pytest_modelprof import profile
 from pytest_modelprof.engine.analytic import values
 from pytest_modelprof.engine.analytic.fake import detached
-from pytest_modelprof.engine.ops import fake_device
+from pytest_modelprof.engine.ops import MARKERS, fake_device
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
@@ -62,6 +62,42 @@ def test_device_queries_are_answered_above_the_fake_mode(monkeypatch):
         with in_kernel_invocation_manager(mode):
             assert fake_device(fake) == torch.device("meta")
     assert fake_device(torch.zeros(2)) is None
+
+
+class Ranged(nn.Module):
+    """A forward pass in ranges of ``record_function``, as FSDP2 and the optimizers open them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        with torch.autograd.profiler.record_function("first range"):
+            x = self.a(x).relu()
+        with torch.autograd.profiler.record_function("second range"):
+            return self.b(x)
+
+
+def test_record_function_ranges_are_opened_above_the_fake_mode(monkeypatch):
+    # a range's markers take and make no tensor: the engine's modes run them, as every mode beneath them would
+    reached = []
+    stock = FakeTensorMode.dispatch
+
+    def dispatch(self, func, types, args=(), kwargs=None):
+        reached.append(func)
+        return stock(self, func, types, args, kwargs or {})
+
+    monkeypatch.setattr(FakeTensorMode, "dispatch", dispatch)
+    x = torch.randn(2, 8)
+    with FakeTensorMode() as mode:
+        Ranged()(mode.from_tensor(x)).sum().backward()
+    assert len(MARKERS & set(reached)) == 2  # untracked, both markers reach the fake mode
+    reached.clear()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        result = profile(Ranged(), x, device="meta", train=True)
+    assert reached and not MARKERS & set(reached)
+    assert {"first range", "second range"} <= {event.name for event in profiler.events()}  # the ranges are still there
+    assert flop_figures(result) == flop_figures(profile(Ranged(), x, train=True))
 
 
 def test_model_built_on_meta_matches_the_same_model_on_cpu():

@@ -34,7 +34,7 @@ from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..ops import DEVICE_QUERY, fake_device
+from ..ops import DEVICE_QUERY, MARKERS, fake_device
 
 Below = Callable[[Any, Any, Any, Any], Any]  # (func, types, args, kwargs) -> the op's outputs
 
@@ -106,6 +106,9 @@ class Layer(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
             return device  # (see ops.DEVICE_QUERY)
+        if func in MARKERS:  # a range of record_function (see ops.MARKERS): what every mode beneath would do with it
+            with torch._C._DisableTorchDispatch():
+                return func(*args, **(kwargs or {}))
         return self.handle(func, types, args, kwargs)
 
     def handle(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:

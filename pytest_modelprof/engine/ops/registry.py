@@ -364,5 +364,12 @@ METADATA = frozenset(
         ),
     }
 )
+# ``record_function``'s markers, by overload (FSDP2 and the optimizers open ranges, about one op in twelve of
+# a sharded analytic step): no tensor goes in or out, so a dispatch mode answers them by running them itself
+MARKERS = frozenset(
+    packet.default if name == "_record_function_enter_new" else packet._RecordFunction
+    for name in ("_record_function_enter_new", "_record_function_exit")
+    if (packet := getattr(torch.ops.profiler, name, None)) is not None
+)
 # the reduced losses' overloads (see :attr:`OpInfo.reduced_loss`)
 REDUCED_LOSSES = frozenset(packet.default for packet, info in REGISTRY.items() if info.reduced_loss)
