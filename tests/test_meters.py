@@ -1,6 +1,7 @@
 """Meters are peers on one stream of dispatched ops: a meter of the user's is one class, the
 engine's meters run alone or together, and what one measures does not depend on the others."""
 
+import gc
 from collections import Counter
 
 import pytest
@@ -101,3 +102,44 @@ def test_flops_alone_measure_what_they_measure_beside_the_memory_meter():
     assert [(r.op, r.phase, r.calls, r.flops) for r in alone.ops if r.flops] == [
         (r.op, r.phase, r.calls, r.flops) for r in both.ops if r.flops
     ]
+
+
+class FreezeCount(Meter):
+    """What the collector holds frozen while each op runs."""
+
+    def __init__(self):
+        self.counts = []
+
+    def op(self, op):
+        self.counts.append(gc.get_freeze_count())
+
+
+class Raises(nn.Module):
+    def forward(self, x):
+        raise ValueError("no")
+
+
+@pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
+def test_a_run_keeps_the_older_objects_out_of_full_collections_and_gives_them_back(device):
+    # a full collection goes over every object of the process; while a run goes on, those it found are frozen
+    assert gc.get_freeze_count() == 0
+    kept = object()  # an object older than the run
+    watch = FreezeCount()
+    profile(stack(), torch.randn(N, A), train=True, device=device, meters=[watch])
+    assert watch.counts and min(watch.counts) > 0
+    assert gc.get_freeze_count() == 0 and gc.is_tracked([kept])
+    with pytest.raises(Exception, match="no"):
+        profile(Raises(), torch.randn(N, A), device=device)
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_process_that_froze_objects_itself_keeps_them_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        watch = FreezeCount()
+        profile(stack(), torch.randn(N, A), meters=[watch])
+        assert gc.get_freeze_count() == frozen  # not given back to the collector by the run
+        assert watch.counts and min(watch.counts) >= frozen
+    finally:
+        gc.unfreeze()
