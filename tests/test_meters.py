@@ -104,14 +104,14 @@ def test_flops_alone_measure_what_they_measure_beside_the_memory_meter():
     ]
 
 
-class FreezeCount(Meter):
-    """What the collector holds frozen while each op runs."""
+class Thresholds(Meter):
+    """The collector's thresholds while each op runs."""
 
     def __init__(self):
-        self.counts = []
+        self.seen = set()
 
     def op(self, op):
-        self.counts.append(gc.get_freeze_count())
+        self.seen.add(gc.get_threshold())
 
 
 class Raises(nn.Module):
@@ -120,26 +120,17 @@ class Raises(nn.Module):
 
 
 @pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
-def test_a_run_keeps_the_older_objects_out_of_full_collections_and_gives_them_back(device):
-    # a full collection goes over every object of the process; while a run goes on, those it found are frozen
-    assert gc.get_freeze_count() == 0
-    kept = object()  # an object older than the run
-    watch = FreezeCount()
-    profile(stack(), torch.randn(N, A), train=True, device=device, meters=[watch])
-    assert watch.counts and min(watch.counts) > 0
-    assert gc.get_freeze_count() == 0 and gc.is_tracked([kept])
-    with pytest.raises(Exception, match="no"):
-        profile(Raises(), torch.randn(N, A), device=device)
-    assert gc.get_freeze_count() == 0
-
-
-def test_a_process_that_froze_objects_itself_keeps_them_frozen():
-    gc.freeze()
+def test_a_run_holds_off_full_collections_and_gives_the_thresholds_back(device):
+    # a full collection goes over every object of the process; while a run goes on, none is set off
+    before = gc.get_threshold()
+    gc.set_threshold(500, 7, 9)  # a process's own thresholds
     try:
-        frozen = gc.get_freeze_count()
-        watch = FreezeCount()
-        profile(stack(), torch.randn(N, A), meters=[watch])
-        assert gc.get_freeze_count() == frozen  # not given back to the collector by the run
-        assert watch.counts and min(watch.counts) >= frozen
+        watch = Thresholds()
+        profile(stack(), torch.randn(N, A), train=True, device=device, meters=[watch])
+        assert watch.seen and all(t[:2] == (500, 7) and t[2] > 1_000_000 for t in watch.seen)
+        assert gc.get_threshold() == (500, 7, 9)
+        with pytest.raises(Exception, match="no"):
+            profile(Raises(), torch.randn(N, A), device=device)
+        assert gc.get_threshold() == (500, 7, 9)
     finally:
-        gc.unfreeze()
+        gc.set_threshold(*before)

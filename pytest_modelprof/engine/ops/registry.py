@@ -364,7 +364,7 @@ METADATA = frozenset(
         ),
     }
 )
-# ``record_function``'s markers, by overload (FSDP2 and the optimizers open ranges, about one op in twelve of
+# ``record_function``'s markers, by overload (FSDP2 and the optimizers open ranges, about one op in thirteen of
 # a sharded analytic step): no tensor goes in or out, so a dispatch mode answers them by running them itself
 MARKERS = frozenset(
     packet.default if name == "_record_function_enter_new" else packet._RecordFunction
