@@ -93,7 +93,7 @@ def test_record_function_ranges_are_opened_above_the_fake_mode(monkeypatch):
         Ranged()(mode.from_tensor(x)).sum().backward()
     assert len(MARKERS & set(reached)) == 2  # untracked, both markers reach the fake mode
     reached.clear()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], acc_events=True) as profiler:  # (2.11 warns without)
         result = profile(Ranged(), x, device="meta", train=True)
     assert reached and not MARKERS & set(reached)
     assert {"first range", "second range"} <= {event.name for event in profiler.events()}  # the ranges are still there
