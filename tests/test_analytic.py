@@ -7,6 +7,7 @@ import torch
 import torchvision
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from models import TinyCNN, TinyTransformer, flop_figures, workloads
 from pytest_modelprof import profile
@@ -98,6 +99,25 @@ def test_record_function_ranges_are_opened_above_the_fake_mode(monkeypatch):
     assert reached and not MARKERS & set(reached)
     assert {"first range", "second range"} <= {event.name for event in profiler.events()}  # the ranges are still there
     assert flop_figures(result) == flop_figures(profile(Ranged(), x, train=True))
+
+
+class Sees(TorchDispatchMode):
+    """A mode of the caller's, entered before the run: what reaches it."""
+
+    def __init__(self):
+        super().__init__()
+        self.funcs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.funcs.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", [None, "meta"], ids=["real", "analytic"])
+def test_a_mode_of_the_callers_beneath_the_run_still_sees_the_ranges(device):
+    with Sees() as mode:
+        profile(Ranged(), torch.randn(2, 8), device=device)
+    assert MARKERS <= set(mode.funcs)
 
 
 def test_model_built_on_meta_matches_the_same_model_on_cpu():

@@ -47,6 +47,13 @@ def called(func: Any, types: Any, args: Any, kwargs: Any) -> Any:
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
+def _no_mode_beneath_but_fake() -> bool:
+    """Whether the only mode beneath the one dispatching now is a fake mode, or none: no mode of the caller's (one
+    entered before the run) or of another tool's waits to see the op."""
+    depth = torch._C._len_torch_dispatch_stack()
+    return depth == 0 or (depth == 1 and torch._C._get_dispatch_mode(_FAKE) is not None)
+
+
 def into_fake_mode(fake_mode: FakeTensorMode) -> Below:
     """What passes an op on to ``fake_mode`` where it is the next mode (the bottom of an analytic run's stack): its
     dispatch called from Python, without the round trip through C++ (the op's arguments made C++ values and Python
@@ -106,8 +113,8 @@ class Layer(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is DEVICE_QUERY and (device := fake_device(args[0])) is not None:
             return device  # (see ops.DEVICE_QUERY)
-        if func in MARKERS:  # a range of record_function (see ops.MARKERS): what every mode beneath would do with it
-            with torch._C._DisableTorchDispatch():
+        if func in MARKERS and _no_mode_beneath_but_fake():  # a range of record_function (see ops.MARKERS): what the
+            with torch._C._DisableTorchDispatch():  # engine's layers and a fake mode would end by doing with it
                 return func(*args, **(kwargs or {}))
         return self.handle(func, types, args, kwargs)
 

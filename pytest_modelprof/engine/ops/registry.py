@@ -364,12 +364,13 @@ METADATA = frozenset(
         ),
     }
 )
-# ``record_function``'s markers, by overload (FSDP2 and the optimizers open ranges, about one op in thirteen of
-# a sharded analytic step): no tensor goes in or out, so a dispatch mode answers them by running them itself
+# ``record_function``'s markers, by overload: FSDP2 and the optimizers open ranges (of the ops reaching the fake
+# mode in a sharded analytic step, about one in thirteen); no tensor goes in or out, so a dispatch mode with no
+# other mode beneath it but a fake mode runs them itself (see analytic/layers.py)
 MARKERS = frozenset(
-    packet.default if name == "_record_function_enter_new" else packet._RecordFunction
-    for name in ("_record_function_enter_new", "_record_function_exit")
-    if (packet := getattr(torch.ops.profiler, name, None)) is not None
+    getattr(packet, overload)
+    for name, overload in (("_record_function_enter_new", "default"), ("_record_function_exit", "_RecordFunction"))
+    if (packet := getattr(torch.ops.profiler, name, None)) is not None and overload in packet.overloads()
 )
 # the reduced losses' overloads (see :attr:`OpInfo.reduced_loss`)
 REDUCED_LOSSES = frozenset(packet.default for packet, info in REGISTRY.items() if info.reduced_loss)
