@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -245,26 +246,8 @@ def _metered(workload: Workload, meters: list[Meter]) -> Profile:
         return _metered_step(workload, meters)
 
 
-# gc's threshold for a full collection while a run goes on: one a run does not reach
-_UNREACHED = 1 << 30
-
-
-@contextlib.contextmanager
-def _no_full_collections() -> Iterator[None]:
-    """The collector's automatic full collections held off while the run goes on (its third threshold
-    out of reach), and its thresholds given back after. A full collection goes over every object of the
-    process (a third of a million once torch is imported: 0.2-0.25 s) and finds next to nothing the young
-    collections left (841 objects in the two of an analytic 80-layer FSDP2 step, against 660,000 in its
-    young ones); young collections go on as before, and the full collection put off comes after the run."""
-    thresholds = gc.get_threshold()
-    gc.set_threshold(thresholds[0], thresholds[1], _UNREACHED)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-
-
 def _metered_step(workload: Workload, meters: list[Meter]) -> Profile:
+    """The step of :func:`_metered`, run again with fresh meters where a block memo finds a block called again."""
     apart: frozenset[int] = frozenset()
     while True:
         tracker = ModuleTracker(workload.named_modules)
@@ -286,6 +269,36 @@ def _metered_step(workload: Workload, meters: list[Meter]) -> Profile:
             meters = [FlopMeter(meter.formulas) if isinstance(meter, FlopMeter) else MemoryMeter() for meter in meters]
             continue
         return assemble(workload, tracker, meters)
+
+
+@contextlib.contextmanager
+def _no_full_collections() -> Iterator[None]:
+    """The collector's automatic full collections held off while runs go on (its third threshold out of reach),
+    and its thresholds given back when the last run under way ends (runs on several threads, or one within
+    another, hold them off together). A full collection goes over every object of the process (a third of a
+    million once torch is imported: 0.2-0.25 s) and finds next to nothing the young collections leave (841
+    objects in the two of an analytic 80-layer FSDP2 step, against 660,000 in its young ones); young collections
+    go on as before, and once the thresholds are back the collector makes a full collection where its own rules
+    then call for one. (Python 3.14's incremental collector has no third threshold: nothing changes there.)"""
+    global _runs, _thresholds
+    with _runs_lock:
+        if _runs == 0:
+            _thresholds = gc.get_threshold()
+            gc.set_threshold(_thresholds[0], _thresholds[1], _UNREACHED)
+        _runs += 1
+    try:
+        yield
+    finally:
+        with _runs_lock:
+            _runs -= 1
+            if _runs == 0:
+                gc.set_threshold(*_thresholds)
+
+
+_UNREACHED = 1 << 30  # gc's threshold for a full collection while runs go on: one no run reaches
+_runs_lock = threading.Lock()
+_runs = 0  # runs under way (see _no_full_collections)
+_thresholds: tuple[int, ...] = ()  # the collector's thresholds before the first of them
 
 
 def _memos(workload: Workload, run: Run, dispatcher: Dispatcher, tracker: ModuleTracker, apart: frozenset[int]) -> Any:
