@@ -113,6 +113,9 @@ def profile(
     copies), and ``Profile.collectives``. ``device="meta"`` shards on the meta device, with no memory.
     With ``target=``, memory is counted in the caching allocator's blocks and the predicted time
     includes the collectives over the GPU's links (see :class:`~pytest_modelprof.results.PredictedReport`).
+
+    While the metered step runs, the garbage collector makes no automatic full collection (its
+    young ones go on); its thresholds are given back when the step ends.
     """
     device = parse_device(device) if device is not None else None
     if autocast is not None and autocast not in _AUTOCAST:
