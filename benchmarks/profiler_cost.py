@@ -78,7 +78,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from examples.llama import Llama, LlamaConfig  # noqa: E402
 from pytest_modelprof import profile  # noqa: E402
+from pytest_modelprof.engine import run as run_module  # noqa: E402
 from pytest_modelprof.engine.analytic import backward as backward_module  # noqa: E402
+from pytest_modelprof.engine.analytic import layers as layers_module  # noqa: E402
 from pytest_modelprof.engine.analytic import modes as modes_module  # noqa: E402
 from pytest_modelprof.engine.analytic.cuda.functions import CudaFunctions  # noqa: E402
 from pytest_modelprof.engine.analytic.cuda.rnn import CudaOps  # noqa: E402
@@ -323,6 +325,8 @@ def llama70b_fsdp(layers: int) -> Workload:
             "predicted meter",
             "collective meter",
             "formula evaluation",
+            "markers passed down",
+            "full collections allowed",
         ],
     )
 
@@ -580,6 +584,16 @@ ABLATIONS: dict[str, tuple[str, str, Callable[[], Any]]] = {
         "CUDA kernel choices: CudaFunctions",
         "CudaFunctions.__torch_function__ -> pass-through",
         lambda: patched(CudaFunctions, "__torch_function__", _passthrough_function),
+    ),
+    "markers passed down": (
+        "record_function's markers run at the top (a saving: negative)",
+        "ops.MARKERS empty: each marker goes down every engine layer to the fake mode",
+        lambda: patched(layers_module, "MARKERS", frozenset()),
+    ),
+    "full collections allowed": (
+        "full collections held off (a saving: negative)",
+        "the collector's thresholds left as they are during the run",
+        lambda: patched(run_module, "_no_full_collections", contextlib.nullcontext),
     ),
     "hook guard pass-through": (
         "Python backward: HookGuard",
