@@ -94,6 +94,25 @@ def test_a_batched_simt_product_is_priced_in_the_tiles_its_library_runs_it_in():
     assert [g.layout for g in gemms_of("aten.mm", (x[0], w[0].t()), None)] == ["tn"]  # linear: x @ w.t()
 
 
+def test_the_batched_tiles_are_those_the_data_ran_as_rows_and_columns_of_the_output():
+    """cuBLAS is column-major: its kernel ``volta_sgemm_AxB_nn`` covers a row-major output in tiles of A of its
+    columns by B of its rows, so its launch grid is ceil(columns / A) x ceil(rows / B) x batch. Read off every
+    batched "nn" product a V100 and a T4 ran (NeuSight's rows: ``k`` output columns, ``m`` rows), each grid says
+    so, and each tile, as (rows, columns), is one the model offers that GPU; no other tile is offered."""
+    seen: dict[str, set[tuple[int, int]]] = {"v100-pcie": set(), "t4": set()}
+    for row in neusight.rows():
+        gpu = neusight.GPU_NAMES[row["gpu"]]
+        name = row["kernel_name"]
+        if row["op"] != "bmm" or gpu not in seen or int(row["b"]) < 2 or "sliced" in name or not name.endswith("_nn"):
+            continue
+        across, down = (int(n) for n in name.removesuffix("_nn").rsplit("_", 1)[1].split("x"))
+        grid = tuple(int(n) for n in row["grid"].split("x"))
+        assert grid == (math.ceil(int(row["k"]) / across), math.ceil(int(row["m"]) / down), int(row["b"])), row
+        seen[gpu].add((down, across))
+    for gpu, tiles in seen.items():
+        assert set(simt_batched_tiles(GPUS[gpu])) == tiles, gpu
+
+
 class MatMul(nn.Module):
     def forward(self, a, b):
         return a @ b

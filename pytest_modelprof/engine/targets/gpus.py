@@ -122,17 +122,17 @@ FITTED = Calibration(
         "norm_native": 0.6283,
         "norm_native_backward": 0.9116,
         "memory": 0.8355,
-        "matmul_simt": 0.8686,
-        "conv_simt": 1.603,
+        "matmul_simt": 0.8705,
+        "conv_simt": 1.602,
         "conv_backward_simt": 0.3,
         "cuda_cores": 0.3959,
     },
-    gemm_half={"k": 161.4, "k_simt": 10.84},
-    tile_cost={"tensor": 2.262, "simt": 13.89},
+    gemm_half={"k": 161.4, "k_simt": 10.79},
+    tile_cost={"tensor": 2.259, "simt": 13.60},
     reduction_bandwidth={"norm": 21.5e9, "norm_backward": 13.57e9},
-    power_exponent=1.137,
-    simt_integer=0.3473,
-    kernel_seconds=2.942e-6,
+    power_exponent=1.136,
+    simt_integer=0.3513,
+    kernel_seconds=2.944e-6,
     host_seconds=15.55e-6,
     view_seconds=13.96e-6,
     calibrated=True,
@@ -147,13 +147,17 @@ DEFAULT_CUBLAS_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
 # The tiles of cuBLAS's batched float32 products of row-major operands ("nn") on CUDA cores (bmm with TF32
-# off), by the names its kernels ran under in NeuSight's kernel data (pytest_modelprof/data/kernel-data): an
-# A100 ran every one of 16,661 in ampere_sgemm_128x128_nn, however small its output; a V100 and a T4 ran
-# volta_sgemm_64x64, 128x64, 32x128 and 128x32, by shape. The Ampere family's are taken for the architectures
-# after it, whose names the data does not hold. Pascal's are maxwell_sgemm_128x64_nn, but with that tile alone
-# the product model overstates its small batched products (a tile's idle part costs a P100 less than an A100):
-# any tile there.
-VOLTA_BATCHED = ((128, 64), (64, 64), (32, 128), (128, 32))
+# off), as (rows, columns) of the product's row-major output, by the names its kernels ran under in NeuSight's
+# kernel data (pytest_modelprof/data/kernel-data). cuBLAS works in column-major order, so a kernel named
+# ``sgemm_AxB`` has tiles of A of the output's columns by B of its rows (their launch grids show it: in
+# ``volta_sgemm_32x128_nn`` over a 986 x 979 output, 31 blocks along the 979 columns and 8 along the 986 rows).
+# An A100 ran every one of 16,661 in ampere_sgemm_128x128_nn, however small its output; a V100 ran 64x64,
+# 32x128 and 128x32 (never 128x64), a T4 those and 128x64, by shape. The Ampere family's are taken for the
+# architectures after it, whose names the data does not hold. Pascal's are maxwell_sgemm_128x64_nn, but with
+# that tile alone the product model overstates its small batched products (a tile's idle part costs a P100
+# less than an A100): any tile there.
+VOLTA_BATCHED = ((64, 64), (128, 32), (32, 128))
+TURING_BATCHED = ((64, 128), (64, 64), (128, 32), (32, 128))
 AMPERE_BATCHED = ((128, 128),)
 
 
@@ -219,7 +223,7 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             blocks_per_sm=16,
             small_shared_memory=True,
             flops_per_watt=16.3 * T / 295,
-            simt_batched_tiles=VOLTA_BATCHED,
+            simt_batched_tiles=TURING_BATCHED,
         ),
         (8, 0): Architecture(  # Ampere GA100, 7 nm: A100 PCIe 40GB 19.5 TFLOP/s at 250 W
             shared_memory_per_block=166912, threads_per_sm=2048, blocks_per_sm=32, flops_per_watt=19.5 * T / 250
