@@ -11,13 +11,15 @@ from torch import nn
 from benchmarks import neusight
 from pytest_modelprof import GPUS, profile
 from pytest_modelprof.engine.calibrate import KernelFit, fit_kernels
-from pytest_modelprof.engine.meters import Meter
-from pytest_modelprof.engine.meters.predicted import issuer
+from pytest_modelprof.engine.formulas import FormulaTable
+from pytest_modelprof.engine.meters import Meter, Op
+from pytest_modelprof.engine.meters.predicted import issuer, op_features
 from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
 from pytest_modelprof.engine.targets.cost import Work, kernel_seconds, rnn_kernels, rnn_recurrent_bytes
 from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction, simt_batched_tiles, simt_integer_factor
 from pytest_modelprof.engine.targets.products import Gemm, gemms_of
 
+aten = torch.ops.aten
 LOW_POWER = {"t4", "p4", "l4"}  # the 70-75 W cards
 
 
@@ -111,6 +113,37 @@ def test_the_batched_tiles_are_those_the_data_ran_as_rows_and_columns_of_the_out
         seen[gpu].add((down, across))
     for gpu, tiles in seen.items():
         assert set(simt_batched_tiles(GPUS[gpu])) == tiles, gpu
+
+
+def _work(func, *args):
+    out = func(*args)
+    return op_features(Op(func, f"aten.{func._schema.name.split('::')[1]}", args, {}, out, "forward", (), None), FormulaTable(), "cuda")
+
+
+def test_a_pooling_kernel_is_priced_by_its_elements_index_arithmetic_by_hand():
+    """A max pool's kernel works out each element's window from its index: its time is its elements at the kind's
+    rate per SM and cycle, on every SM at the boost clock, where that is longer than its bytes take; the forward
+    pass's elements are its input's (64 x 64 x 112 x 112, ResNet's stem), the backward pass's the input whose
+    gradient it computes. A calibration without the kind's rate prices it by its bytes, as before it had one."""
+    h100 = GPUS["h100"]
+    calibration = Calibration(efficiency={"memory": 1.0, "pool": 0.5, "pool_backward": 0.25}, kernel_seconds=0.0)
+    cycles = 132 * 1980e6
+    x = torch.empty(64, 64, 112, 112, device="meta")
+    forward = _work(aten.max_pool2d_with_indices.default, x, [3, 3], [2, 2], [1, 1])
+    assert forward.kind == "pool" and forward.elements == 64 * 64 * 112 * 112
+    assert kernel_seconds(h100, calibration, forward) == (pytest.approx(64 * 64 * 112 * 112 / (cycles * 0.5)), "compute")
+    half = _work(aten.max_pool2d_with_indices.default, x.bfloat16(), [3, 3], [2, 2], [1, 1])  # the same arithmetic
+    assert kernel_seconds(h100, calibration, half)[0] == pytest.approx(kernel_seconds(h100, calibration, forward)[0])
+    indices = torch.empty(64, 64, 56, 56, dtype=torch.long, device="meta")
+    backward = _work(
+        aten.max_pool2d_with_indices_backward.default, indices.float(), x, [3, 3], [2, 2], [1, 1], [1, 1], False, indices
+    )
+    assert backward.kind == "pool_backward" and backward.elements == x.numel()
+    assert kernel_seconds(h100, calibration, backward)[0] == pytest.approx(x.numel() / (cycles * 0.25))
+    # input, output and int64 indices, read and written once
+    assert forward.bytes == 4 * x.numel() + (4 + 8) * indices.numel()
+    by_bytes = Calibration(efficiency={"memory": 1.0}, kernel_seconds=0.0)
+    assert kernel_seconds(h100, by_bytes, forward) == (pytest.approx(forward.bytes / h100.bandwidth), "memory")
 
 
 class MatMul(nn.Module):

@@ -35,7 +35,7 @@ from torch import nn
 from .formulas import FormulaTable
 from .meters import Meter, Op
 from .meters.predicted import op_features
-from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, STAND_IN, StepClock, Work, kernel_seconds, math_unit
+from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, POOL_KINDS, STAND_IN, StepClock, Work, kernel_seconds, math_unit
 from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
@@ -128,7 +128,13 @@ BOUNDS = {
     "view_seconds": (1e-7, 5e-5),
 }
 # a convolution on CUDA cores may multiply less than its FLOPs count (Winograd's, FFT's kernels)
-ABOVE_PEAK: dict[Parameter, float] = {("efficiency", "conv_simt"): 2.5, ("efficiency", "conv_backward_simt"): 2.5}
+ABOVE_PEAK: dict[Parameter, float] = {
+    ("efficiency", "conv_simt"): 2.5,
+    ("efficiency", "conv_backward_simt"): 2.5,
+    # a pooling kind's is elements per SM and cycle, not a fraction of a peak
+    ("efficiency", "pool"): 16.0,
+    ("efficiency", "pool_backward"): 16.0,
+}
 
 
 def _bounds(parameter: Parameter) -> tuple[float, float]:
@@ -153,6 +159,8 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
                 parameters.add(("simt_integer", None))
         elif kind != "none":
             efficiencies.add(kind)
+            if kind in POOL_KINDS:  # its rate per SM and cycle, beside its bytes at the memory's
+                efficiencies.add("memory")
             if kind in NORM_KINDS:
                 parameters.add(("reduction_bandwidth", kind))
     parameters.update(("efficiency", name) for name in efficiencies)

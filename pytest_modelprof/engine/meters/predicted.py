@@ -12,6 +12,7 @@ from ..formulas import FormulaTable, cost_of
 from ..targets.cost import (
     COMPUTE_KINDS,
     NORM_KINDS,
+    POOL_KINDS,
     Bound,
     Issuer,
     StepClock,
@@ -19,6 +20,7 @@ from ..targets.cost import (
     foreach_kernels,
     kind_of,
     norm_work,
+    pool_elements,
     rnn_kernels,
     rnn_recurrent_bytes,
     tf32_allowed,
@@ -112,7 +114,10 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
         nbytes += rnn_recurrent_bytes(op.name, op.args)
     passes, reductions = norm_work(op.name, op.args) if kind in NORM_KINDS else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
-    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, issuer(op, tensors), tf32_allowed(kind))
+    elements = pool_elements(op.args) if kind in POOL_KINDS else 0
+    return Work(
+        op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, issuer(op, tensors), tf32_allowed(kind), elements
+    )
 
 
 def issuer(op: Op, tensors: list[torch.Tensor]) -> Issuer:

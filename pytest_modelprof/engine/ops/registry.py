@@ -34,12 +34,25 @@ Family = Literal[
     "selection",
     "indexing",
     "sampling",
+    "pooling",
     "communication",
 ]
 # the cost model's kind of kernel (:mod:`..targets.cost`): "memory" for every op with a kernel of no other kind,
 # "none" for an op that launches none
 Kernel = Literal[
-    "matmul", "conv", "conv_narrow", "attention", "rnn", "norm", "norm_backward", "norm_native", "norm_native_backward", "memory", "none"
+    "matmul",
+    "conv",
+    "conv_narrow",
+    "attention",
+    "rnn",
+    "norm",
+    "norm_backward",
+    "norm_native",
+    "norm_native_backward",
+    "pool",
+    "pool_backward",
+    "memory",
+    "none",
 ]
 # the allocations a CUDA kernel makes through the caching allocator while it runs (:mod:`..targets.scratch`),
 # by the kind of kernel that makes them
@@ -194,6 +207,13 @@ _CUDA_CORE_PRODUCTS = ["_weight_int8pack_mm"]
 _INTEGER_PRODUCTS = {"_int_mm": torch.int8}  # int8 (or uint8) x int8 into int32, on the tensor cores' int8 math
 _CONVOLUTIONS = "convolution convolution_backward cudnn_convolution cudnn_convolution_transpose _convolution".split()
 _NARROW_CONVOLUTIONS = "_conv_depthwise2d conv_depthwise3d".split()
+# pooling: its CUDA kernels work out each element's window (or the outputs it feeds) in integer arithmetic
+_POOLS = [
+    f"{name}{dims}d{suffix}"
+    for dims in (1, 2, 3)
+    for name in ("max_pool", "avg_pool", "_adaptive_avg_pool", "adaptive_max_pool", "fractional_max_pool")
+    for suffix in ("", "_with_indices", "_backward", "_with_indices_backward")
+]
 _ATTENTION = [
     f"{base}{suffix}"
     for base in (
@@ -296,6 +316,9 @@ def _build() -> dict[Any, OpInfo]:
     add(_NARROW_CONVOLUTIONS, family="convolution", kernel="conv_narrow")
     add(_ATTENTION, family="attention", kernel="attention")
     add(_RECURRENT, family="recurrent", kernel="rnn")
+    add(_POOLS, family="pooling")
+    add((name for name in _POOLS if name.endswith("_backward")), kernel="pool_backward")
+    add((name for name in _POOLS if not name.endswith("_backward")), kernel="pool")
     add(_NORMALIZATIONS, family="normalization")
     add((name for name in _NORMALIZATIONS if name.endswith("_backward")), kernel="norm_backward")
     add((name for name in _NORMALIZATIONS if not name.endswith("_backward")), kernel="norm")

@@ -21,7 +21,8 @@ reductions (batch norm's channels), is bound by them rather than by the bandwidt
 (:func:`norm_work`); PyTorch's own batch-norm kernels (``norm_native``: the CUDA path where the
 weights are half precision, cuDNN's being taken for float32) are slower than cuDNN's, per byte, and
 have constants of their own. A convolution with few input channels per group (depthwise, or a first layer
-on RGB pixels) runs off the tensor cores (``conv_narrow``).
+on RGB pixels) runs off the tensor cores (``conv_narrow``). Pooling is bound by the integer
+arithmetic that finds each element's window, not by its bytes (:func:`pool_seconds`).
 
 The step is simulated on two clocks, as eager PyTorch runs it: the host issues ops one after
 another, each at a cost by who issues it (:data:`Issuer`: Python with autograd recording, Python
@@ -60,6 +61,8 @@ Kind = Literal[
     "norm_backward",
     "norm_native",
     "norm_native_backward",
+    "pool",
+    "pool_backward",
     "memory",
     "none",
 ]
@@ -73,6 +76,7 @@ NATIVE_NORM_KINDS = frozenset({"norm_native", "norm_native_backward"})  # PyTorc
 # a kind whose constants a calibration may lack (one fitted before it, or on probes that never run it), and the kind
 # whose constants stand in for them
 STAND_IN: dict[str, Kind] = {"norm_native": "norm", "norm_native_backward": "norm_backward"}
+POOL_KINDS = frozenset({"pool", "pool_backward"})  # bound by each element's index arithmetic (see :func:`pool_elements`)
 COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_backward", "attention", "rnn"})  # on tensor cores where the dtype allows
 LIBRARY_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and cuDNN's products (see :mod:`.products`)
 
@@ -170,6 +174,7 @@ class Work(NamedTuple):
     on_device: bool = True  # False: all its tensors are on the host (Adam's step counts): no kernel
     issuer: Issuer = "recorded"  # who issues it, at what cost to the host (see :data:`Issuer`)
     tf32: bool = False  # float32 math allowed on TF32 tensor cores where it ran (:func:`tf32_allowed`)
+    elements: int = 0  # a pooling kernel's elements, each worked out in integer arithmetic (:func:`pool_elements`)
 
 
 def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: float = 1.0) -> tuple[float, Bound]:
@@ -194,6 +199,9 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         else:
             compute = work.flops / peak
         memory = work.bytes / bandwidth
+    elif kind in POOL_KINDS:
+        compute = pool_seconds(gpu, calibration, work)
+        memory = work.bytes / bandwidth
     else:
         compute = work.flops / (math_unit(gpu, kind, work.dtype, False)[0] * efficiency.get("cuda_cores", 1.0)) if work.flops else 0.0
         stand_in = STAND_IN.get(kind, kind)
@@ -208,6 +216,25 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
     if fixed > max(compute, memory):
         return seconds, "launch"
     return seconds, "compute" if compute >= memory else "memory"
+
+
+def pool_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float:
+    """The time a pooling kernel's integer arithmetic takes: its elements (:func:`pool_elements`) at the kind's
+    rate per SM and clock cycle (its ``efficiency``), on every SM at the boost clock. PyTorch's CUDA pooling
+    kernels work out each element's window, or the outputs it feeds, from its flat index (divisions and
+    remainders by each dimension, bounds, a NaN check): on an H100 and an H200 alike (the same SMs and clock,
+    1.4 times the bandwidth) a max pool over the same shape takes the same time in float32 and bfloat16, at
+    about a fifth of the memory's bandwidth, its backward pass at a tenth. 0 for a calibration without the kind's
+    rate (one fitted before it: pooling priced by its bytes, as then) or a GPU whose clock is not known."""
+    rate = calibration.efficiency.get(work.kind)
+    cycles = gpu.sm_count * gpu.boost_clock
+    return work.elements / (cycles * rate) if rate and cycles and work.elements else 0.0
+
+
+def pool_elements(args: tuple[object, ...]) -> int:
+    """A pooling kernel's elements: its largest tensor argument's (the input of a forward pass, whose windows it
+    reduces; the input whose gradient a backward pass computes, element by element)."""
+    return max((a.numel() for a in args if isinstance(a, torch.Tensor)), default=0)
 
 
 def _batched_nn(gemm: Gemm) -> bool:

@@ -47,7 +47,9 @@ class Calibration:
     (``matmul_simt``, ``conv_simt``, ...): of the CUDA cores' peak, for a product that runs there
     (float32 without TF32; a convolution's may exceed 1: Winograd's and FFT's kernels multiply less
     than the convolution's FLOPs count); ``cuda_cores``: of the CUDA cores' peak, for the math of
-    other kernels. ``gemm_half``: the reduction length at which a product's tile reaches half that
+    other kernels; ``pool`` and ``pool_backward``: not a fraction of a peak but the elements a pooling
+    kernel works through per SM and clock cycle (see :func:`.cost.pool_seconds`; where absent, pooling
+    is priced by its bytes alone). ``gemm_half``: the reduction length at which a product's tile reaches half that
     efficiency (``k`` on tensor cores, ``k_simt`` on CUDA cores); ``tile_cost``: how much less of it a
     smaller output tile reaches (``tensor``, ``simt``; see :mod:`.products`).
     ``reduction_bandwidth``: per normalisation kind, the bytes/s one of its independent reductions
@@ -69,6 +71,8 @@ class Calibration:
             "matmul_simt": 0.8,
             "conv_simt": 0.8,
             "conv_backward_simt": 0.6,
+            "pool": 1.0,
+            "pool_backward": 0.4,
         },
         hash=False,
     )
@@ -107,34 +111,37 @@ UNCALIBRATED = Calibration()
 # norm_native_backward (PyTorch's own batch-norm kernels, which no H100 step runs) are fitted on their own, every
 # other constant kept, on the float16 and bfloat16 batch norms of the H200's one-layer probes (h200-probes.json)
 # whose shapes no held-out step has: their efficiencies; their channels (1024, 2048) are too many for a bandwidth
-# per channel to show, so cuDNN's (norm's, norm_backward's) stands in.
+# per channel to show, so cuDNN's (norm's, norm_backward's) stands in. pool and pool_backward (elements per SM and
+# cycle) come from the H100 steps' three max pools (ResNet-18's forward and backward, ResNet-50's forward).
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.9081,
-        "conv": 0.3574,
-        "conv_backward": 0.2299,
-        "conv_narrow": 0.2616,
-        "conv_narrow_backward": 0.08448,
-        "attention": 0.6382,
-        "rnn": 0.3169,
-        "norm": 0.8296,
-        "norm_backward": 0.7242,
-        "norm_native": 0.6283,
-        "norm_native_backward": 0.9116,
-        "memory": 0.8355,
-        "matmul_simt": 0.8705,
+        "matmul": 0.9083,
+        "conv": 0.3572,
+        "conv_backward": 0.2297,
+        "conv_narrow": 0.2617,
+        "conv_narrow_backward": 0.08449,
+        "attention": 0.6374,
+        "rnn": 0.3178,
+        "norm": 0.8305,
+        "norm_backward": 0.7252,
+        "norm_native": 0.6286,
+        "norm_native_backward": 0.9118,
+        "memory": 0.8501,
+        "matmul_simt": 0.8707,
         "conv_simt": 1.602,
         "conv_backward_simt": 0.3,
-        "cuda_cores": 0.3959,
+        "cuda_cores": 0.396,
+        "pool": 0.9837,
+        "pool_backward": 0.3665,
     },
-    gemm_half={"k": 161.4, "k_simt": 10.79},
-    tile_cost={"tensor": 2.259, "simt": 13.60},
-    reduction_bandwidth={"norm": 21.5e9, "norm_backward": 13.57e9},
-    power_exponent=1.136,
-    simt_integer=0.3513,
-    kernel_seconds=2.944e-6,
-    host_seconds=15.55e-6,
-    view_seconds=13.96e-6,
+    gemm_half={"k": 161.0, "k_simt": 10.77},
+    tile_cost={"tensor": 2.192, "simt": 13.55},
+    reduction_bandwidth={"norm": 21.5e9, "norm_backward": 13.58e9},
+    power_exponent=1.135,
+    simt_integer=0.3516,
+    kernel_seconds=2.981e-6,
+    host_seconds=15.02e-6,
+    view_seconds=14.16e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11) and 4800 kernels timed on five GPUs (NeuSight's); "
     "PyTorch's own batch-norm kernels on an H200's one-layer probes",
