@@ -146,6 +146,29 @@ def test_a_pooling_kernel_is_priced_by_its_elements_index_arithmetic_by_hand():
     assert kernel_seconds(h100, by_bytes, forward) == (pytest.approx(forward.bytes / h100.bandwidth), "memory")
 
 
+def test_a_layer_norms_rows_each_take_their_cycles_by_hand():
+    """A layer norm's forward pass gives each row a block: over ConvNeXt's first stage (32 x 56 x 56 rows of 96
+    channels) its time is its rows at the kind's cycles each, on every SM at the boost clock, not its bytes
+    (read twice, written once: 1.5 passes); over rows of 4096 it is its bytes. Its backward pass has no such
+    figure. A calibration without one prices the rows by their bytes, as before it had one."""
+    h100 = GPUS["h100"]
+    calibration = Calibration(efficiency={"memory": 1.0, "norm": 1.0, "norm_backward": 1.0}, reduction_cycles={"norm": 500.0}, kernel_seconds=0.0)
+    cycles = 132 * 1980e6
+    x, weight = torch.empty(32, 56, 56, 96, device="meta"), torch.empty(96, device="meta")
+    narrow = _work(aten.native_layer_norm.default, x, [96], weight, weight, 1e-6)
+    assert narrow.kind == "norm" and narrow.reductions == 32 * 56 * 56
+    assert kernel_seconds(h100, calibration, narrow) == (pytest.approx(32 * 56 * 56 * 500 / cycles), "compute")
+    by_bytes = dataclasses.replace(calibration, reduction_cycles={})
+    assert kernel_seconds(h100, by_bytes, narrow) == (pytest.approx(narrow.bytes * 1.5 / h100.bandwidth), "memory")
+    wide_x, wide_weight = torch.empty(16384, 4096, device="meta"), torch.empty(4096, device="meta")
+    wide = _work(aten.native_layer_norm.default, wide_x, [4096], wide_weight, wide_weight, 1e-5)
+    assert kernel_seconds(h100, calibration, wide) == (pytest.approx(wide.bytes * 1.5 / h100.bandwidth), "memory")
+    mean, rstd = torch.empty(32, 56, 56, 1, device="meta"), torch.empty(32, 56, 56, 1, device="meta")
+    backward = _work(aten.native_layer_norm_backward.default, x, x, [96], mean, rstd, weight, weight, [True, True, True])
+    assert backward.kind == "norm_backward"
+    assert kernel_seconds(h100, calibration, backward) == kernel_seconds(h100, by_bytes, backward)
+
+
 class MatMul(nn.Module):
     def forward(self, a, b):
         return a @ b

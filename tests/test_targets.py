@@ -338,15 +338,15 @@ def test_a_held_out_h200_step_peaks_where_the_record_peaked(name):
 
 
 def test_the_shipped_calibration_predicts_the_held_out_h200_steps_as_the_docs_say():
-    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 7.3%, worst 39.8%
+    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 8.6%, worst 39.7%
     # (benchmarks/predicted_vs_h200.py)
     errors = {
         name: abs(step.predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
         for name in HELD_OUT
         for step, record in [recorded_step("h200", name)]
     }
-    assert statistics.median(errors.values()) < 0.0735
-    assert max(errors.values()) < 0.3985, errors
+    assert statistics.median(errors.values()) < 0.0865
+    assert max(errors.values()) < 0.3975, errors
 
 
 def test_the_held_out_h200_steps_pooling_takes_the_time_of_its_index_arithmetic():
@@ -366,6 +366,22 @@ def test_the_held_out_h200_steps_pooling_takes_the_time_of_its_index_arithmetic(
     assert len(ratios) >= 15
     assert statistics.median(abs(ratio - 1) for ratio in ratios.values()) < 0.1
     assert all(0.5 < ratio < 1.5 for ratio in ratios.values()), ratios
+
+
+def test_the_held_out_h200_steps_layer_norms_take_the_time_of_their_rows():
+    # a layer norm's forward pass gives each row a block of its own: over a ConvNeXt's or a Swin's rows of 96-384
+    # channels that, not the bytes, is its time. The cycles a row takes are fitted with the rest on the H100 steps
+    # (rows of 768); here, the held-out H200 steps' layer norms (rows of 96 to 1536; fp32, fp16, bf16) against their
+    # kernel time there. Priced by their bytes they came out 0.31 to 0.92 of it (a median 29% off)
+    ratios = {}
+    for name in HELD_OUT:
+        result, record = recorded_step("h200", name)
+        measured = sum(op["self_device_us"] for op in record["ops"] if op["op"] == "aten::native_layer_norm") * 1e-6
+        if measured:
+            ratios[name] = sum(row.seconds for row in result.predicted.ops if row.op == "aten.native_layer_norm") / measured
+    assert len(ratios) == 7
+    assert statistics.median(abs(ratio - 1) for ratio in ratios.values()) < 0.15
+    assert all(0.8 < ratio < 1.35 for ratio in ratios.values()), ratios
 
 
 def test_a_cpu_tensor_made_inside_the_model_is_explained_on_a_target():

@@ -35,7 +35,7 @@ from torch import nn
 from .formulas import FormulaTable
 from .meters import Meter, Op
 from .meters.predicted import op_features
-from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, POOL_KINDS, STAND_IN, StepClock, Work, kernel_seconds, math_unit
+from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, POOL_KINDS, ROW_KINDS, STAND_IN, StepClock, Work, kernel_seconds, math_unit
 from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
@@ -121,6 +121,7 @@ BOUNDS = {
     "gemm_half": (1.0, 1e5),
     "tile_cost": (0.01, 500.0),
     "reduction_bandwidth": (1e9, 1e12),
+    "reduction_cycles": (1.0, 1e5),
     "kernel_seconds": (1e-6, 2e-5),
     "power_exponent": (1.0, 3.0),
     "simt_integer": (0.01, 1.0),
@@ -163,11 +164,13 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
                 efficiencies.add("memory")
             if kind in NORM_KINDS:
                 parameters.add(("reduction_bandwidth", kind))
+            if kind in ROW_KINDS and work.reductions:
+                parameters.add(("reduction_cycles", kind))
     parameters.update(("efficiency", name) for name in efficiencies)
     return sorted(parameters, key=lambda p: (p[0], p[1] or ""))
 
 
-_START = {"reduction_bandwidth": 20e9}  # where a parameter the calibration lacks starts
+_START = {"reduction_bandwidth": 20e9, "reduction_cycles": 1000.0}  # where a parameter the calibration lacks starts
 
 
 def _get(calibration: Calibration, parameter: Parameter) -> float:

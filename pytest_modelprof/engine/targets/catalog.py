@@ -313,7 +313,7 @@ def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
 CALIBRATION_FORMAT = 2
 _FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")
 _OPTIONAL = {"power_exponent": 1.0, "simt_integer": 0.25}  # figures a calibration file may leave out: their defaults
-_TABLES = ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth")
+_TABLES = ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth", "reduction_cycles")
 
 
 def save_calibration(path: str | os.PathLike[str], gpu: GPUSpec, calibration: Calibration, measured: str = "") -> None:

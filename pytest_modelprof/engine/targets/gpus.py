@@ -53,8 +53,10 @@ class Calibration:
     efficiency (``k`` on tensor cores, ``k_simt`` on CUDA cores); ``tile_cost``: how much less of it a
     smaller output tile reaches (``tensor``, ``simt``; see :mod:`.products`).
     ``reduction_bandwidth``: per normalisation kind, the bytes/s one of its independent reductions
-    moves, where too few of them run side by side to fill the GPU (batch norm's channels). Then the
-    fixed costs, in seconds."""
+    moves, where too few of them run side by side to fill the GPU (batch norm's channels);
+    ``reduction_cycles``: per normalisation kind (``norm``), the SM cycles each of its reductions takes
+    however few its bytes (a layer norm's rows: see :func:`.cost.reduction_seconds`). Then the fixed
+    costs, in seconds."""
 
     efficiency: Mapping[str, float] = field(
         default_factory=lambda: {
@@ -78,6 +80,7 @@ class Calibration:
     )
     gemm_half: Mapping[str, float] = field(default_factory=lambda: {"k": 128.0, "k_simt": 32.0}, hash=False)
     reduction_bandwidth: Mapping[str, float] = field(default_factory=dict, hash=False)
+    reduction_cycles: Mapping[str, float] = field(default_factory=dict, hash=False)
     tile_cost: Mapping[str, float] = field(default_factory=lambda: {"tensor": 16.0, "simt": 16.0}, hash=False)
     power_exponent: float = 1.0  # how a GPU's power grows with its clock (see :func:`clock_fraction`)
     simt_integer: float = 0.25  # integer instructions a product on CUDA cores runs per FMA (see :func:`simt_integer_factor`)
@@ -96,7 +99,7 @@ class Calibration:
             raise ValueError(f"Calibration: power_exponent must be positive, got {self.power_exponent!r}")
         if not self.simt_integer >= 0:
             raise ValueError(f"Calibration: simt_integer must be zero or more, got {self.simt_integer!r}")
-        for name in ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth"):
+        for name in ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth", "reduction_cycles"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
 
@@ -112,36 +115,38 @@ UNCALIBRATED = Calibration()
 # other constant kept, on the float16 and bfloat16 batch norms of the H200's one-layer probes (h200-probes.json)
 # whose shapes no held-out step has: their efficiencies; their channels (1024, 2048) are too many for a bandwidth
 # per channel to show, so cuDNN's (norm's, norm_backward's) stands in. pool and pool_backward (elements per SM and
-# cycle) come from the H100 steps' three max pools (ResNet-18's forward and backward, ResNet-50's forward).
+# cycle) come from the H100 steps' three max pools (ResNet-18's forward and backward, ResNet-50's forward);
+# reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest.
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.9083,
+        "matmul": 0.9082,
         "conv": 0.3572,
-        "conv_backward": 0.2297,
-        "conv_narrow": 0.2617,
-        "conv_narrow_backward": 0.08449,
-        "attention": 0.6374,
-        "rnn": 0.3178,
-        "norm": 0.8305,
-        "norm_backward": 0.7252,
-        "norm_native": 0.6286,
-        "norm_native_backward": 0.9118,
-        "memory": 0.8501,
+        "conv_backward": 0.2298,
+        "conv_narrow": 0.2616,
+        "conv_narrow_backward": 0.08448,
+        "attention": 0.6377,
+        "rnn": 0.3175,
+        "norm": 0.8402,
+        "norm_backward": 0.7248,
+        "norm_native": 0.6285,
+        "norm_native_backward": 0.9117,
+        "memory": 0.8498,
         "matmul_simt": 0.8707,
         "conv_simt": 1.602,
         "conv_backward_simt": 0.3,
         "cuda_cores": 0.396,
-        "pool": 0.9837,
-        "pool_backward": 0.3665,
+        "pool": 0.9836,
+        "pool_backward": 0.3664,
     },
-    gemm_half={"k": 161.0, "k_simt": 10.77},
-    tile_cost={"tensor": 2.192, "simt": 13.55},
+    gemm_half={"k": 161.1, "k_simt": 10.77},
+    tile_cost={"tensor": 2.22, "simt": 13.57},
     reduction_bandwidth={"norm": 21.5e9, "norm_backward": 13.58e9},
+    reduction_cycles={"norm": 532.2},
     power_exponent=1.135,
-    simt_integer=0.3516,
-    kernel_seconds=2.981e-6,
-    host_seconds=15.02e-6,
-    view_seconds=14.16e-6,
+    simt_integer=0.3515,
+    kernel_seconds=2.965e-6,
+    host_seconds=14.98e-6,
+    view_seconds=14.18e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11) and 4800 kernels timed on five GPUs (NeuSight's); "
     "PyTorch's own batch-norm kernels on an H200's one-layer probes",
