@@ -174,10 +174,10 @@ def test_a_calibration_file_is_what_a_target_loads(tmp_path):
 
 
 GOOD = {
-    "format": 2,
+    "format": 3,
     "gpu": "a100-80gb",
     "source": "s",
-    "efficiency": {"matmul": 0.7},
+    "efficiency": {"matmul": 0.7, "memory": 0.8},
     "gemm_half": {},
     "reduction_bandwidth": {},
     "kernel_seconds": 3e-6,
@@ -191,10 +191,11 @@ GOOD = {
     [
         ({"gpu": "a200"}, r":3: 'gpu': expected a GPU of the table \(h100, "),
         ({"efficiency": {"matmul": -1}}, r":5: 'efficiency': expected an object of positive numbers"),
-        ({"host_seconds": "fast"}, r":11: 'host_seconds': expected a positive number of seconds"),
-        ({"format": 3}, r":2: 'format': expected 2 \(a calibration file written by modelprof calibrate\)"),
-        ({"format": 1}, r":2: 'format': expected 2: this file is an older modelprof calibrate's, .* calibrate again"),
-        ({"speed": 1}, r":13: 'speed': expected one of efficiency, format, "),
+        ({"efficiency": {"matmul": 0.7}}, r":5: 'efficiency': expected an object of positive numbers with 'memory'"),
+        ({"host_seconds": "fast"}, r":12: 'host_seconds': expected a positive number of seconds"),
+        ({"format": 4}, r":2: 'format': expected 3 \(a calibration file written by modelprof calibrate\)"),
+        ({"format": 1}, r":2: 'format': expected 3: this file is an older modelprof calibrate's, .* calibrate again"),
+        ({"speed": 1}, r":14: 'speed': expected one of efficiency, format, "),
     ],
 )
 def test_a_bad_calibration_file_names_its_line_and_what_was_expected(tmp_path, change, message):
@@ -203,6 +204,26 @@ def test_a_bad_calibration_file_names_its_line_and_what_was_expected(tmp_path, c
     with pytest.raises(ValueError, match=f"{path.name}{message}"):
         load_calibration(path)
     assert load_calibration(_write(tmp_path / "good.json", GOOD)).calibration.efficiency["matmul"] == 0.7
+
+
+def test_a_calibration_file_of_the_format_before_still_loads_and_prices_pooling_by_its_bytes(tmp_path):
+    """Format 2 had no pooling rates and no layer norm's cycles a row: such a file loads, and its model prices a
+    max pool and a layer norm over short rows by their bytes, as when it was fitted; one written now has both."""
+    older = load_calibration(_write(tmp_path / "older.json", {**GOOD, "format": 2}))
+    assert "pool" not in older.calibration.efficiency and not older.calibration.reduction_cycles
+
+    class Stem(nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.layer_norm(torch.nn.functional.max_pool2d(x, 3, 2, 1), [56])
+
+    x = torch.randn(8, 64, 112, 112)
+    by_bytes = profile(Stem(), x, target=older).predicted
+    now = tmp_path / "now.json"
+    save_calibration(now, GPUS["a100-80gb"], GPUS["a100-80gb"].calibration, measured="a test")
+    assert json.loads(now.read_text())["format"] == 3
+    loaded = profile(Stem(), x, target=now).predicted
+    assert {row.op: row.bound for row in by_bytes.ops} == {"aten.max_pool2d_with_indices": "memory", "aten.native_layer_norm": "memory"}
+    assert {row.op: row.bound for row in loaded.ops} == {"aten.max_pool2d_with_indices": "compute", "aten.native_layer_norm": "compute"}
 
 
 def _write(path, document):

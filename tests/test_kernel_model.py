@@ -144,6 +144,12 @@ def test_a_pooling_kernel_is_priced_by_its_elements_index_arithmetic_by_hand():
     assert forward.bytes == 4 * x.numel() + (4 + 8) * indices.numel()
     by_bytes = Calibration(efficiency={"memory": 1.0}, kernel_seconds=0.0)
     assert kernel_seconds(h100, by_bytes, forward) == (pytest.approx(forward.bytes / h100.bandwidth), "memory")
+    # average pooling's backward pass goes over its input's gradient too; a 3-d pool runs other kernels (its backward
+    # pass scatters over the output's gradient), not measured: priced by its bytes
+    average = _work(aten.avg_pool2d_backward.default, indices.float(), x, [2, 2], [2, 2], [0, 0], False, True, None)
+    assert average.kind == "pool_backward" and average.elements == x.numel()
+    volume = _work(aten.max_pool3d_with_indices.default, torch.empty(2, 8, 16, 16, 16, device="meta"), [2, 2, 2], [2, 2, 2])
+    assert volume.kind == "memory" and volume.elements == 0
 
 
 def test_a_layer_norms_rows_each_take_their_cycles_by_hand():

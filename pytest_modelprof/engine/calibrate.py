@@ -10,7 +10,8 @@ and the shapes of their inputs (:func:`key`).
 
 :func:`fit` then fits the cost model in two stages, each a least-squares fit in log space
 (Levenberg-Marquardt, bounded): the kernel model (each kind's efficiency, the product size
-of half efficiency, batch norm's bandwidth per channel, the shortest kernel) to the
+of half efficiency, batch norm's bandwidth per channel, pooling's elements per SM cycle, a
+layer norm's cycles a row, the shortest kernel) to the
 matched operators' kernel times, weighted by their time; then the host's time per op (with
 a kernel, and without: a view) to the step times.
 
@@ -35,7 +36,7 @@ from torch import nn
 from .formulas import FormulaTable
 from .meters import Meter, Op
 from .meters.predicted import op_features
-from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, POOL_KINDS, ROW_KINDS, STAND_IN, StepClock, Work, kernel_seconds, math_unit
+from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, POOL_KINDS, ROW_NORMS, STAND_IN, StepClock, Work, kernel_seconds, math_unit
 from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
@@ -164,8 +165,8 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
                 efficiencies.add("memory")
             if kind in NORM_KINDS:
                 parameters.add(("reduction_bandwidth", kind))
-            if kind in ROW_KINDS and work.reductions:
-                parameters.add(("reduction_cycles", kind))
+            if work.name in ROW_NORMS and work.reductions:  # a layer norm's cycles a row
+                parameters.add(("reduction_cycles", "norm"))
     parameters.update(("efficiency", name) for name in efficiencies)
     return sorted(parameters, key=lambda p: (p[0], p[1] or ""))
 

@@ -207,13 +207,10 @@ _CUDA_CORE_PRODUCTS = ["_weight_int8pack_mm"]
 _INTEGER_PRODUCTS = {"_int_mm": torch.int8}  # int8 (or uint8) x int8 into int32, on the tensor cores' int8 math
 _CONVOLUTIONS = "convolution convolution_backward cudnn_convolution cudnn_convolution_transpose _convolution".split()
 _NARROW_CONVOLUTIONS = "_conv_depthwise2d conv_depthwise3d".split()
-# pooling: its CUDA kernels work out each element's window (or the outputs it feeds) in integer arithmetic
-_POOLS = [
-    f"{name}{dims}d{suffix}"
-    for dims in (1, 2, 3)
-    for name in ("max_pool", "avg_pool", "_adaptive_avg_pool", "adaptive_max_pool", "fractional_max_pool")
-    for suffix in ("", "_with_indices", "_backward", "_with_indices_backward")
-]
+# 2-d max and average pooling (a 1-d pool is one of them on CUDA): their CUDA kernels work out each element's window,
+# or the outputs it feeds, in integer arithmetic (measured: see ..targets.cost.pool_seconds). The others (3-d, adaptive,
+# fractional: other kernels, whose backward passes scatter over the output's gradient) are priced by their bytes
+_POOLS = "max_pool2d_with_indices max_pool2d_with_indices_backward avg_pool2d avg_pool2d_backward".split()
 _ATTENTION = [
     f"{base}{suffix}"
     for base in (

@@ -309,8 +309,11 @@ def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
 # ------------------------------------------------------------------ calibration files
 
 # 2: kernel_seconds is added to each kernel's work (1: a floor under it), host_seconds is a recorded op's, products
-# are priced in tiles (tile_cost, gemm_half's k and k_simt), products on CUDA cores have efficiencies of their own
-CALIBRATION_FORMAT = 2
+# are priced in tiles (tile_cost, gemm_half's k and k_simt), products on CUDA cores have efficiencies of their own;
+# 3: a table of reduction_cycles (a layer norm's cycles a row) and pooling's rates among the efficiencies. A file of
+# format 2 still loads: it has neither, and its model prices those kernels by their bytes, as when it was fitted
+CALIBRATION_FORMAT = 3
+_STILL_READ = (2, CALIBRATION_FORMAT)  # the formats a file may have
 _FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")
 _OPTIONAL = {"power_exponent": 1.0, "simt_integer": 0.25}  # figures a calibration file may leave out: their defaults
 _TABLES = ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth", "reduction_cycles")
@@ -348,7 +351,7 @@ def load_calibration(path: str | os.PathLike[str]) -> GPUSpec:
     if document.get("format") == 1:
         older = "this file is an older modelprof calibrate's, whose figures the model now reads otherwise; calibrate again"
         raise fail("format", f"{CALIBRATION_FORMAT}: {older}")
-    if document.get("format") != CALIBRATION_FORMAT:
+    if document.get("format") not in _STILL_READ:
         raise fail("format", f"{CALIBRATION_FORMAT} (a calibration file written by modelprof calibrate)")
     known = {"format", "gpu", "measured_on", "source", *_TABLES, *_FIGURES, *_OPTIONAL}
     for entry in document:
@@ -363,6 +366,8 @@ def load_calibration(path: str | os.PathLike[str]) -> GPUSpec:
         if not isinstance(table, dict) or not all(_positive(v) for v in table.values()):
             raise fail(entry, "an object of positive numbers")
         figures[entry] = {str(k): float(v) for k, v in table.items()}
+    if "memory" not in figures["efficiency"]:  # what every kernel of no other kind is priced with
+        raise fail("efficiency", "an object of positive numbers with 'memory' (the memory-bound kernels' share of the bandwidth)")
     for entry in _FIGURES:
         if entry not in document or not _positive(document[entry]):
             raise fail(entry, "a positive number of seconds")

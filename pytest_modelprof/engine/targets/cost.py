@@ -219,32 +219,35 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
     return seconds, "compute" if compute >= memory else "memory"
 
 
-ROW_KINDS = frozenset({"norm"})  # whose reductions each take their own time (see :func:`reduction_seconds`)
+ROW_NORMS = frozenset({"aten.native_layer_norm"})  # whose reductions (rows) each take their own time: :func:`reduction_seconds`
 
 
 def reduction_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float:
     """The time a normalisation's forward pass takes over its reductions one by one, however few bytes each has:
     PyTorch's layer norm gives each row a block of its own, which loads the row, reduces it across its warps and
     writes it back normalised, and on a row of 96 to 384 elements (a ConvNeXt's or a Swin's channels) that, not
-    the bytes, is the kernel's time. Its reductions at the kind's ``reduction_cycles`` (SM cycles each), on every
-    SM at the boost clock. Measured on an H200, a layer norm's forward pass over rows of 96, 192, 384 and 768
-    channels took 1.59, 1.75, 2.3 and 4.0 ns a row, the first three 2.5 to 5 times what its bytes take; its
-    backward pass (the input's gradient, then the weights' sums down the rows) is not bound that way, and has no
-    such figure. 0 for a kind without one, or a GPU whose clock is not known."""
-    if work.kind not in ROW_KINDS or not work.reductions:
+    the bytes, is the kernel's time. Its rows at the ``norm`` kind's ``reduction_cycles`` (SM cycles each), on
+    every SM at the boost clock (a power-capped card is taken to hold it for this work, as for memory-bound
+    kernels). Measured on an H200, a layer norm's forward pass over rows of 96, 192, 384 and 768 channels took
+    1.59, 1.75, 2.3 and 4.0 ns a row, the first three 2.4 to 6.6 times what its bytes take at the memory's peak;
+    its backward pass (the input's gradient, then the weights' sums down the rows) is not bound that way, and
+    other normalisations were not measured so (batch norm's reductions are its channels, too few for this to
+    show): 0 for them, for a calibration without the figure, and for a GPU whose clock is not known."""
+    if work.name not in ROW_NORMS or not work.reductions:
         return 0.0
-    cycles = calibration.reduction_cycles.get(work.kind, 0.0)
+    cycles = calibration.reduction_cycles.get("norm", 0.0)
     return work.reductions * cycles / (gpu.sm_count * gpu.boost_clock) if cycles and gpu.boost_clock else 0.0
 
 
 def pool_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float:
     """The time a pooling kernel's integer arithmetic takes: its elements (:func:`pool_elements`) at the kind's
-    rate per SM and clock cycle (its ``efficiency``), on every SM at the boost clock. PyTorch's CUDA pooling
-    kernels work out each element's window, or the outputs it feeds, from its flat index (divisions and
-    remainders by each dimension, bounds, a NaN check): on an H100 and an H200 alike (the same SMs and clock,
-    1.4 times the bandwidth) a max pool over the same shape takes the same time in float32 and bfloat16, at
-    about a fifth of the memory's bandwidth, its backward pass at a tenth. 0 for a calibration without the kind's
-    rate (one fitted before it: pooling priced by its bytes, as then) or a GPU whose clock is not known."""
+    rate per SM and clock cycle (its ``efficiency``), on every SM at the boost clock (a power-capped card is
+    taken to hold it for this integer work). PyTorch's CUDA kernels for 2-d max and average pooling work out
+    each element's window, or the outputs it feeds, from its flat index (divisions and remainders by each
+    dimension, bounds, a NaN check): on an H100 and an H200 alike (the same SMs and clock, 1.4 times the
+    bandwidth) a max pool over ResNet's stem takes the same time in float32 and bfloat16, on the H200 at 0.36
+    and 0.23 of the memory's bandwidth, its backward pass at 0.21 and 0.13. 0 for a calibration without the
+    kind's rate (one fitted before it: pooling priced by its bytes, as then) or a GPU whose clock is not known."""
     rate = calibration.efficiency.get(work.kind)
     cycles = gpu.sm_count * gpu.boost_clock
     return work.elements / (cycles * rate) if rate and cycles and work.elements else 0.0

@@ -54,9 +54,8 @@ class Calibration:
     smaller output tile reaches (``tensor``, ``simt``; see :mod:`.products`).
     ``reduction_bandwidth``: per normalisation kind, the bytes/s one of its independent reductions
     moves, where too few of them run side by side to fill the GPU (batch norm's channels);
-    ``reduction_cycles``: per normalisation kind (``norm``), the SM cycles each of its reductions takes
-    however few its bytes (a layer norm's rows: see :func:`.cost.reduction_seconds`). Then the fixed
-    costs, in seconds."""
+    ``reduction_cycles``: ``norm``, the SM cycles a layer norm's forward pass takes over each of its rows
+    however few its bytes (see :func:`.cost.reduction_seconds`). Then the fixed costs, in seconds."""
 
     efficiency: Mapping[str, float] = field(
         default_factory=lambda: {
