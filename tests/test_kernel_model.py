@@ -135,9 +135,7 @@ def test_a_pooling_kernel_is_priced_by_its_elements_index_arithmetic_by_hand():
     half = _work(aten.max_pool2d_with_indices.default, x.bfloat16(), [3, 3], [2, 2], [1, 1])  # the same arithmetic
     assert kernel_seconds(h100, calibration, half)[0] == pytest.approx(kernel_seconds(h100, calibration, forward)[0])
     indices = torch.empty(64, 64, 56, 56, dtype=torch.long, device="meta")
-    backward = _work(
-        aten.max_pool2d_with_indices_backward.default, indices.float(), x, [3, 3], [2, 2], [1, 1], [1, 1], False, indices
-    )
+    backward = _work(aten.max_pool2d_with_indices_backward.default, indices.float(), x, [3, 3], [2, 2], [1, 1], [1, 1], False, indices)
     assert backward.kind == "pool_backward" and backward.elements == x.numel()
     assert kernel_seconds(h100, calibration, backward)[0] == pytest.approx(x.numel() / (cycles * 0.25))
     # input, output and int64 indices, read and written once
@@ -158,7 +156,9 @@ def test_a_layer_norms_rows_each_take_their_cycles_by_hand():
     (read twice, written once: 1.5 passes); over rows of 4096 it is its bytes. Its backward pass has no such
     figure. A calibration without one prices the rows by their bytes, as before it had one."""
     h100 = GPUS["h100"]
-    calibration = Calibration(efficiency={"memory": 1.0, "norm": 1.0, "norm_backward": 1.0}, reduction_cycles={"norm": 500.0}, kernel_seconds=0.0)
+    calibration = Calibration(
+        efficiency={"memory": 1.0, "norm": 1.0, "norm_backward": 1.0}, reduction_cycles={"norm": 500.0}, kernel_seconds=0.0
+    )
     cycles = 132 * 1980e6
     x, weight = torch.empty(32, 56, 56, 96, device="meta"), torch.empty(96, device="meta")
     narrow = _work(aten.native_layer_norm.default, x, [96], weight, weight, 1e-6)

@@ -115,9 +115,8 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     passes, reductions = norm_work(op.name, op.args) if kind in NORM_KINDS else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
     elements = pool_elements(op.args) if kind in POOL_KINDS else 0
-    return Work(
-        op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, issuer(op, tensors), tf32_allowed(kind), elements
-    )
+    who = issuer(op, tensors)
+    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, who, tf32_allowed(kind), elements)
 
 
 def issuer(op: Op, tensors: list[torch.Tensor]) -> Issuer:
