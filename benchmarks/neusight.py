@@ -93,11 +93,16 @@ def _call(row: dict[str, str]) -> tuple[Any, tuple[Any, ...]]:
 def work_of(row: dict[str, str], formulas: FormulaTable | None = None) -> Work:
     """The work the engine reads off the op of a row (run on meta tensors), as the data's protocol ran it:
     products in fp32 with TF32 off (set by :func:`measurements` around its calls)."""
-    formulas = formulas or FormulaTable()
     func, args = _call(row)
+    return work_of_call(func, args, formulas)
+
+
+def work_of_call(func: Any, args: tuple[Any, ...], formulas: FormulaTable | None = None) -> Work:
+    """The work the engine reads off one ATen op called on ``args`` (meta tensors) in a forward pass, for a CUDA
+    target, as a profile's predicted-time meter reads it."""
     out = func(*args)
     name = f"aten.{func._schema.name.split('::')[1]}"
-    return op_features(Op(func, name, args, {}, out, "forward", (), None), formulas, "cuda")
+    return op_features(Op(func, name, args, {}, out, "forward", (), None), formulas or FormulaTable(), "cuda")
 
 
 def rows() -> Iterator[dict[str, str]]:

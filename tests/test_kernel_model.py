@@ -11,9 +11,8 @@ from torch import nn
 from benchmarks import neusight
 from pytest_modelprof import GPUS, profile
 from pytest_modelprof.engine.calibrate import KernelFit, fit_kernels
-from pytest_modelprof.engine.formulas import FormulaTable
-from pytest_modelprof.engine.meters import Meter, Op
-from pytest_modelprof.engine.meters.predicted import issuer, op_features
+from pytest_modelprof.engine.meters import Meter
+from pytest_modelprof.engine.meters.predicted import issuer
 from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
 from pytest_modelprof.engine.targets.cost import Work, kernel_seconds, rnn_kernels, rnn_recurrent_bytes
 from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction, simt_batched_tiles, simt_integer_factor
@@ -115,11 +114,6 @@ def test_the_batched_tiles_are_those_the_data_ran_as_rows_and_columns_of_the_out
         assert set(simt_batched_tiles(GPUS[gpu])) == tiles, gpu
 
 
-def _work(func, *args):
-    out = func(*args)
-    return op_features(Op(func, f"aten.{func._schema.name.split('::')[1]}", args, {}, out, "forward", (), None), FormulaTable(), "cuda")
-
-
 def test_a_pooling_kernel_is_priced_by_its_elements_index_arithmetic_by_hand():
     """A max pool's kernel works out each element's window from its index: its time is its elements at the kind's
     rate per SM and cycle, on every SM at the boost clock, where that is longer than its bytes take; the forward
@@ -129,13 +123,15 @@ def test_a_pooling_kernel_is_priced_by_its_elements_index_arithmetic_by_hand():
     calibration = Calibration(efficiency={"memory": 1.0, "pool": 0.5, "pool_backward": 0.25}, kernel_seconds=0.0)
     cycles = 132 * 1980e6
     x = torch.empty(64, 64, 112, 112, device="meta")
-    forward = _work(aten.max_pool2d_with_indices.default, x, [3, 3], [2, 2], [1, 1])
+    forward = neusight.work_of_call(aten.max_pool2d_with_indices.default, (x, [3, 3], [2, 2], [1, 1]))
     assert forward.kind == "pool" and forward.elements == 64 * 64 * 112 * 112
     assert kernel_seconds(h100, calibration, forward) == (pytest.approx(64 * 64 * 112 * 112 / (cycles * 0.5)), "compute")
-    half = _work(aten.max_pool2d_with_indices.default, x.bfloat16(), [3, 3], [2, 2], [1, 1])  # the same arithmetic
+    half = neusight.work_of_call(aten.max_pool2d_with_indices.default, (x.bfloat16(), [3, 3], [2, 2], [1, 1]))  # the same arithmetic
     assert kernel_seconds(h100, calibration, half)[0] == pytest.approx(kernel_seconds(h100, calibration, forward)[0])
     indices = torch.empty(64, 64, 56, 56, dtype=torch.long, device="meta")
-    backward = _work(aten.max_pool2d_with_indices_backward.default, indices.float(), x, [3, 3], [2, 2], [1, 1], [1, 1], False, indices)
+    backward = neusight.work_of_call(
+        aten.max_pool2d_with_indices_backward.default, (indices.float(), x, [3, 3], [2, 2], [1, 1], [1, 1], False, indices)
+    )
     assert backward.kind == "pool_backward" and backward.elements == x.numel()
     assert kernel_seconds(h100, calibration, backward)[0] == pytest.approx(x.numel() / (cycles * 0.25))
     # input, output and int64 indices, read and written once
@@ -144,9 +140,11 @@ def test_a_pooling_kernel_is_priced_by_its_elements_index_arithmetic_by_hand():
     assert kernel_seconds(h100, by_bytes, forward) == (pytest.approx(forward.bytes / h100.bandwidth), "memory")
     # average pooling's backward pass goes over its input's gradient too; a 3-d pool runs other kernels (its backward
     # pass scatters over the output's gradient), not measured: priced by its bytes
-    average = _work(aten.avg_pool2d_backward.default, indices.float(), x, [2, 2], [2, 2], [0, 0], False, True, None)
+    average = neusight.work_of_call(aten.avg_pool2d_backward.default, (indices.float(), x, [2, 2], [2, 2], [0, 0], False, True, None))
     assert average.kind == "pool_backward" and average.elements == x.numel()
-    volume = _work(aten.max_pool3d_with_indices.default, torch.empty(2, 8, 16, 16, 16, device="meta"), [2, 2, 2], [2, 2, 2])
+    volume = neusight.work_of_call(
+        aten.max_pool3d_with_indices.default, (torch.empty(2, 8, 16, 16, 16, device="meta"), [2, 2, 2], [2, 2, 2])
+    )
     assert volume.kind == "memory" and volume.elements == 0
 
 
@@ -161,16 +159,16 @@ def test_a_layer_norms_rows_each_take_their_cycles_by_hand():
     )
     cycles = 132 * 1980e6
     x, weight = torch.empty(32, 56, 56, 96, device="meta"), torch.empty(96, device="meta")
-    narrow = _work(aten.native_layer_norm.default, x, [96], weight, weight, 1e-6)
+    narrow = neusight.work_of_call(aten.native_layer_norm.default, (x, [96], weight, weight, 1e-6))
     assert narrow.kind == "norm" and narrow.reductions == 32 * 56 * 56
     assert kernel_seconds(h100, calibration, narrow) == (pytest.approx(32 * 56 * 56 * 500 / cycles), "compute")
     by_bytes = dataclasses.replace(calibration, reduction_cycles={})
     assert kernel_seconds(h100, by_bytes, narrow) == (pytest.approx(narrow.bytes * 1.5 / h100.bandwidth), "memory")
     wide_x, wide_weight = torch.empty(16384, 4096, device="meta"), torch.empty(4096, device="meta")
-    wide = _work(aten.native_layer_norm.default, wide_x, [4096], wide_weight, wide_weight, 1e-5)
+    wide = neusight.work_of_call(aten.native_layer_norm.default, (wide_x, [4096], wide_weight, wide_weight, 1e-5))
     assert kernel_seconds(h100, calibration, wide) == (pytest.approx(wide.bytes * 1.5 / h100.bandwidth), "memory")
     mean, rstd = torch.empty(32, 56, 56, 1, device="meta"), torch.empty(32, 56, 56, 1, device="meta")
-    backward = _work(aten.native_layer_norm_backward.default, x, x, [96], mean, rstd, weight, weight, [True, True, True])
+    backward = neusight.work_of_call(aten.native_layer_norm_backward.default, (x, x, [96], mean, rstd, weight, weight, [True, True, True]))
     assert backward.kind == "norm_backward"
     assert kernel_seconds(h100, calibration, backward) == kernel_seconds(h100, by_bytes, backward)
 

@@ -45,27 +45,12 @@ from typing import Literal, NamedTuple, get_args
 
 import torch
 
-from ..ops import REGISTRY
+from ..ops import REGISTRY, Kernel
 from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt_integer_factor
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
 
-Kind = Literal[
-    "matmul",
-    "conv",
-    "conv_backward",
-    "conv_narrow",
-    "conv_narrow_backward",
-    "attention",
-    "rnn",
-    "norm",
-    "norm_backward",
-    "norm_native",
-    "norm_native_backward",
-    "pool",
-    "pool_backward",
-    "memory",
-    "none",
-]
+# the registry's kinds of kernel, and the two a convolution's backward pass runs (see :func:`kind_of`)
+Kind = Literal[Kernel, "conv_backward", "conv_narrow_backward"]
 Bound = Literal["compute", "memory", "launch"]
 Issuer = Literal["recorded", "plain", "engine"]
 """Who issues an op on the host: Python with autograd recording it (a training step's forward), Python
