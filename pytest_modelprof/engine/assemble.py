@@ -97,17 +97,50 @@ def _module_rows(named_modules: list[tuple[str, nn.Module]], tracker: ModuleTrac
     then (the model put modules in as it ran; one that took an old module's place keeps the old row)."""
     paths = {path for path, _ in named_modules}
     named_modules = named_modules + [(path, module) for path, module in tracker.ran.items() if path not in paths]
-    params = _parameters_per_module(named_modules)
+    params = _parameter_counts(named_modules)
     return {
         path: ModuleStats(
             path=path,
             type=type(module).__name__,
             depth=path.count(".") + 1 if path else 0,
             calls=tracker.calls.get(path, 0),
-            params=sum(params[id(module)].values()),
+            params=params[id(module)],
         )
         for path, module in named_modules
     }
+
+
+def _parameter_counts(named_modules: list[tuple[str, nn.Module]]) -> dict[int, int]:
+    """For each module (by id), the elements of its parameters and its descendants', each counted once: summed up the
+    tree where no parameter and no module is held twice (the common case), else by :func:`_parameters_per_module`."""
+    counts: dict[int, int] = {}
+    children: set[int] = set()
+    params: set[int] = set()
+    shared = False
+
+    def visit(module: nn.Module) -> int:
+        nonlocal shared
+        count = counts.get(id(module))
+        if count is None:
+            count = 0
+            for p in module._parameters.values():
+                if p is not None:
+                    shared = shared or id(p) in params
+                    params.add(id(p))
+                    count += p.numel()
+            for child in module._modules.values():
+                if child is not None:
+                    shared = shared or id(child) in children
+                    children.add(id(child))
+                    count += visit(child)
+            counts[id(module)] = count
+        return count
+
+    for _, module in named_modules:
+        visit(module)
+    if shared:  # tied weights, a block reached by two paths: each subtree's parameters once
+        return {key: sum(held.values()) for key, held in _parameters_per_module(named_modules).items()}
+    return counts
 
 
 def _parameters_per_module(named_modules: list[tuple[str, nn.Module]]) -> dict[int, dict[int, int]]:

@@ -34,7 +34,7 @@ from .analytic.modes import Deciders, analytic_modes, attributes_kept
 from .analytic.values import unknown_value_hint
 from .distributed import Parallel, on_local_shards, wait_for
 from .errors import ProfileError
-from .observe.modules import ModuleTracker
+from .observe.modules import ModuleTracker, named_members
 from .targets.catalog import gpu_spec
 from .targets.gpus import GPUSpec
 
@@ -126,8 +126,7 @@ class Workload:
                     "often as its values decide): profile() runs one forward and backward pass per step; profile "
                     "the closure's forward and backward pass instead, with an optimizer that takes none or without one"
                 )
-        named_params: dict[str, torch.Tensor] = dict(model.named_parameters())
-        named_buffers = dict(model.named_buffers())
+        named_modules, named_params, named_buffers = named_members(model)
         tensors = [*named_params.values(), *named_buffers.values(), *tensors_in((args, kwargs))]
         gpu = gpu_spec(target) if target is not None else None
         if sharded is not None:
@@ -149,7 +148,7 @@ class Workload:
             gpu=gpu,
             named_params=named_params,
             named_buffers=named_buffers,
-            named_modules=list(model.named_modules(remove_duplicate=False)),
+            named_modules=named_modules,
             sharded=sharded,
         )
 

@@ -174,7 +174,10 @@ def run_tensors(workload: Step) -> RunTensors:
         cuda_defaults = workload.sharded.gpu is not None
     else:
         params = {name: parameter(t) for name, t in workload.named_params.items()}
-        buffers = {name: copy(t) if train else known(t) for name, t in workload.named_buffers.items()}
+        if workload.in_place:  # the model's own buffers, as its own parameters: nothing of the run writes them
+            buffers = dict(workload.named_buffers)
+        else:
+            buffers = {name: copy(t) if train else known(t) for name, t in workload.named_buffers.items()}
         sources = workload.named_params
     run_optimizer = None
     if workload.optimizer is not None:

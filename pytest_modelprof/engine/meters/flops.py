@@ -104,11 +104,18 @@ class FlopMeter(Meter):
         profile.uncounted = dict(sorted(self.uncounted.items()))
         profile.flops_counted = True
         ops: dict[tuple[str, str], OpStats] = {}
+        phases: dict[Phase, list[int]] = {}  # phase -> [flops, macs], set on the profile once each
         for (phase, key, name), (calls, flops, macs, skipped) in self.tally.items():
             profile.skipped_flops += skipped
-            setattr(profile, f"{phase}_flops", getattr(profile, f"{phase}_flops") + flops)
-            setattr(profile, f"{phase}_macs", getattr(profile, f"{phase}_macs") + macs)
-            row = ops.setdefault((name, phase), OpStats(name, phase))
+            totals = phases.get(phase)
+            if totals is None:
+                phases[phase] = [flops, macs]
+            else:
+                totals[0] += flops
+                totals[1] += macs
+            row = ops.get((name, phase))
+            if row is None:
+                row = ops[(name, phase)] = OpStats(name, phase)
             row.calls += calls
             row.flops += flops
             row.macs += macs
@@ -117,6 +124,9 @@ class FlopMeter(Meter):
                 if phase != "loss":
                     modules[key[-1]].ops.append(ModuleOp(name, phase, calls, flops, macs))
             _attribute(modules, key, phase, flops, macs)
+        for phase, (flops, macs) in phases.items():
+            setattr(profile, f"{phase}_flops", getattr(profile, f"{phase}_flops") + flops)
+            setattr(profile, f"{phase}_macs", getattr(profile, f"{phase}_macs") + macs)
         profile.ops = list(ops.values())
 
 

@@ -196,3 +196,32 @@ class ModuleTracker:
             key = self._boundary_keys[index] if index >= 0 else ()
             self._node_keys[seq] = key
         return key
+
+
+def named_members(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``model``'s modules (``named_modules(remove_duplicate=False)``: a module reached by two paths, at each), and its
+    ``named_parameters()`` and ``named_buffers()``, read off the one walk of the modules where ``nn.Module``'s own methods
+    would give them (each module and tensor under the first name the walk reaches it by, as they do); a class that
+    overrides one of those methods is asked itself."""
+    modules = list(model.named_modules(remove_duplicate=False))
+    base = nn.Module
+    if (
+        type(model).named_parameters is not base.named_parameters
+        or type(model).named_buffers is not base.named_buffers
+        or any(type(module).named_modules is not base.named_modules for _, module in modules)
+    ):
+        return modules, dict(model.named_parameters()), dict(model.named_buffers())
+    params: dict[str, torch.Tensor] = {}
+    buffers: dict[str, torch.Tensor] = {}
+    walked: set[int] = set()  # modules, by id
+    seen: tuple[set[int], set[int]] = (set(), set())  # parameters and buffers, by id (each method keeps its own)
+    for prefix, module in modules:
+        if id(module) in walked:
+            continue
+        walked.add(id(module))
+        for members, found, ids in ((module._parameters, params, seen[0]), (module._buffers, buffers, seen[1])):
+            for name, tensor in members.items():
+                if tensor is not None and id(tensor) not in ids:
+                    ids.add(id(tensor))
+                    found[f"{prefix}.{name}" if prefix else name] = tensor
+    return modules, params, buffers
