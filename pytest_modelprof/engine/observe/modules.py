@@ -202,14 +202,12 @@ def named_members(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], dict[s
     """``model``'s modules (``named_modules(remove_duplicate=False)``: a module reached by two paths, at each), and its
     ``named_parameters()`` and ``named_buffers()``, read off the one walk of the modules where ``nn.Module``'s own methods
     would give them (each module and tensor under the first name the walk reaches it by, as they do); a class that
-    overrides one of those methods is asked itself."""
+    overrides one of those methods (or ``_named_members``, behind the first two) is asked itself."""
     modules = list(model.named_modules(remove_duplicate=False))
     base = nn.Module
-    if (
-        type(model).named_parameters is not base.named_parameters
-        or type(model).named_buffers is not base.named_buffers
-        or any(type(module).named_modules is not base.named_modules for _, module in modules)
-    ):
+    if any(
+        getattr(type(model), name) is not getattr(base, name) for name in ("named_parameters", "named_buffers", "_named_members")
+    ) or any(type(module).named_modules is not base.named_modules for _, module in modules):
         return modules, dict(model.named_parameters()), dict(model.named_buffers())
     params: dict[str, torch.Tensor] = {}
     buffers: dict[str, torch.Tensor] = {}
