@@ -46,16 +46,56 @@ def _same(model: nn.Module) -> None:
     assert [(n, id(b)) for n, b in buffers.items()] == [(n, id(b)) for n, b in model.named_buffers()]
 
 
+class AlikeLinear(nn.Linear):
+    """Modules equal to each other by value, which a set of modules (named_modules' memo) holds as one."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AlikeLinear)
+
+    def __hash__(self) -> int:
+        return 1
+
+
+class OwnBuffers(nn.Sequential):
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):  # type: ignore[no-untyped-def,override]
+        return iter([])
+
+
+class OwnModules(nn.Module):
+    """A child whose ``named_modules`` hides its children."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(2, 2)
+
+    def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):  # type: ignore[no-untyped-def,override]
+        yield prefix, self
+
+
 def test_one_walk_gives_what_the_module_methods_give() -> None:
-    _same(Tied())
-    _same(torchvision.models.resnet18())
-    _same(nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU(), nn.Identity())))
+    shared = nn.Linear(3, 3)
+    for model in (
+        Tied(),
+        torchvision.models.resnet18(),
+        nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU(), nn.Identity())),
+        nn.Sequential(AlikeLinear(2, 2), AlikeLinear(2, 2)),
+        nn.Sequential(shared, nn.ReLU(), shared),
+    ):
+        _same(model)
 
 
-def test_a_class_with_its_own_method_is_asked_itself() -> None:
+def test_a_model_with_methods_of_its_own_is_asked_itself() -> None:
     model = Renamed(nn.Linear(2, 2), nn.Linear(2, 2))
     _same(model)
     assert next(iter(named_members(model)[1])) == "renamed.0.weight"
+    hidden = OwnBuffers(nn.BatchNorm1d(2))
+    _same(hidden)
+    assert named_members(hidden)[2] == {}
+    _same(nn.Sequential(OwnModules(), nn.Linear(2, 2)))
+    patched = nn.Sequential(nn.Linear(2, 2))
+    patched.named_parameters = lambda *args, **kwargs: iter([])  # type: ignore[method-assign]
+    _same(patched)
+    assert named_members(patched)[1] == {}
 
 
 def _unique_elements(module: nn.Module) -> int:
@@ -67,5 +107,19 @@ def test_each_module_counts_its_parameters_and_its_children_s_once() -> None:
         result = profile(model, x, memory=False)
         for path, module in model.named_modules():
             assert result.module(path).params == _unique_elements(module), path
+    tied_only, block = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), nn.Linear(4, 4)
+    tied_only[1].weight = tied_only[0].weight
+    for model in (tied_only, nn.Sequential(block, nn.Sequential(block, nn.ReLU()))):
+        result = profile(model, torch.randn(2, 4), memory=False)
+        for path, module in model.named_modules():
+            assert result.module(path).params == _unique_elements(module), path
     tied = profile(Tied().eval(), torch.randn(3, 6), memory=False)
     assert tied.module("").params == 2 * 36 + 3 * 6 + 2 * 6  # two weights (the third tied to one), three biases, the norm's two
+
+
+def test_an_in_place_run_holds_the_model_s_buffers() -> None:
+    model = torchvision.models.resnet18().eval()
+    result = profile(model, torch.randn(1, 3, 32, 32))  # real inference on the model's own device: its own tensors
+    assert result.memory is not None
+    assert result.memory.category_max["buffers"] == sum(b.numel() * b.element_size() for b in model.buffers())
+    assert result.memory.category_max["parameters"] == sum(p.numel() * p.element_size() for p in model.parameters())

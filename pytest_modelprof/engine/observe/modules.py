@@ -201,25 +201,33 @@ class ModuleTracker:
 def named_members(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``model``'s modules (``named_modules(remove_duplicate=False)``: a module reached by two paths, at each), and its
     ``named_parameters()`` and ``named_buffers()``, read off the one walk of the modules where ``nn.Module``'s own methods
-    would give them (each module and tensor under the first name the walk reaches it by, as they do); a class that
-    overrides one of those methods (or ``_named_members``, behind the first two) is asked itself."""
+    would give them (each module and tensor under the first name the walk reaches it by, as they do, modules told apart
+    as their sets tell them); a model whose methods are not those (a class's or an object's own ``named_parameters``,
+    ``named_buffers`` or ``_named_members``, behind both; a module's own ``named_modules``) is asked itself."""
     modules = list(model.named_modules(remove_duplicate=False))
-    base = nn.Module
-    if any(
-        getattr(type(model), name) is not getattr(base, name) for name in ("named_parameters", "named_buffers", "_named_members")
-    ) or any(type(module).named_modules is not base.named_modules for _, module in modules):
+    if any(not _own(model, name) for name in ("named_parameters", "named_buffers", "_named_members")) or any(
+        not _own(module, "named_modules") for _, module in modules
+    ):
         return modules, dict(model.named_parameters()), dict(model.named_buffers())
     params: dict[str, torch.Tensor] = {}
     buffers: dict[str, torch.Tensor] = {}
-    walked: set[int] = set()  # modules, by id
+    walked: set[nn.Module] = set()  # as named_modules(remove_duplicate=True) keeps them
     seen: tuple[set[int], set[int]] = (set(), set())  # parameters and buffers, by id (each method keeps its own)
     for prefix, module in modules:
-        if id(module) in walked:
+        if module in walked:
             continue
-        walked.add(id(module))
+        walked.add(module)
         for members, found, ids in ((module._parameters, params, seen[0]), (module._buffers, buffers, seen[1])):
             for name, tensor in members.items():
                 if tensor is not None and id(tensor) not in ids:
                     ids.add(id(tensor))
                     found[f"{prefix}.{name}" if prefix else name] = tensor
     return modules, params, buffers
+
+
+_MODULE_METHODS = {name: getattr(nn.Module, name) for name in ("named_parameters", "named_buffers", "_named_members", "named_modules")}
+
+
+def _own(module: nn.Module, name: str) -> bool:
+    """Whether ``module.<name>`` is ``nn.Module``'s method as this module found it when imported."""
+    return getattr(getattr(module, name), "__func__", None) is _MODULE_METHODS[name]
