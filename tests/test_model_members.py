@@ -123,3 +123,29 @@ def test_an_in_place_run_holds_the_model_s_buffers() -> None:
     assert result.memory is not None
     assert result.memory.category_max["buffers"] == sum(b.numel() * b.element_size() for b in model.buffers())
     assert result.memory.category_max["parameters"] == sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+class HeldTwice(nn.Module):
+    """A parameter that another module also holds as a buffer (``alias``), or that the forward reads twice."""
+
+    def __init__(self, alias: bool = True) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.alias = alias
+        if alias:
+            self.holder = nn.Module()
+            self.holder.register_buffer("bias", self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + (self.holder.bias if self.alias else self.linear.bias)
+
+
+def test_a_parameter_also_held_as_a_buffer_is_one_tensor_of_the_training_step() -> None:
+    x = torch.randn(2, 3)
+    for device in (None, "meta"):
+        result = profile(HeldTwice(), x, train=True, device=device)  # (torch's functional_call refused two tensors for it)
+        twice = profile(HeldTwice(alias=False), x, train=True, device=device)  # the same graph, the parameter read twice
+        assert result.memory is not None and (result.forward_flops, result.backward_flops) == (twice.forward_flops, twice.backward_flops)
+        assert result.memory.category_max["parameters"] == (9 + 3) * 4  # its one bias, counted once, as a parameter
+        assert result.memory.category_max["buffers"] == 0
+        assert result.memory.category_max["gradients"] == (9 + 3) * 4

@@ -176,8 +176,9 @@ def run_tensors(workload: Step) -> RunTensors:
         params = {name: parameter(t) for name, t in workload.named_params.items()}
         if workload.in_place:  # the model's own buffers, as its own parameters: nothing of the run writes them
             buffers = dict(workload.named_buffers)
-        else:
-            buffers = {name: copy(t) if train else known(t) for name, t in workload.named_buffers.items()}
+        else:  # a parameter also held as a buffer is one tensor in the run too (functional_call refuses two for it)
+            ran = {id(t): params[name] for name, t in workload.named_params.items()}
+            buffers = {name: ran[id(t)] if id(t) in ran else copy(t) if train else known(t) for name, t in workload.named_buffers.items()}
         sources = workload.named_params
     run_optimizer = None
     if workload.optimizer is not None:
