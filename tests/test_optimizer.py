@@ -161,3 +161,37 @@ def test_an_optimizer_that_reads_the_weights_values_says_so_in_an_analytic_run()
     net = model()
     with pytest.raises(ProfileError, match=r"the step of Adafactor .* reads the values of a tensor"):
         profile(net, x(), train=True, optimizer=torch.optim.Adafactor(net.parameters()), device="meta")
+
+
+def test_an_analytic_step_reads_its_step_counts_above_the_fake_mode(monkeypatch):
+    """A model stepped on fake tensors before it is profiled (as a 7B model is) holds Adam's step counts as its fake mode's
+    constants, whose ``.item()`` the fake mode answers from the constant: the known-values layer answers it so, without
+    the way down (every layer and the fake mode's uncached path), with the same figures."""
+    import dataclasses
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pytest_modelprof.engine.analytic import values
+
+    mode = FakeTensorMode()
+    with mode:
+        net, inputs = model(), x()
+        optimizer = torch.optim.AdamW(net.parameters(), foreach=True)
+        net(inputs).sum().backward()
+        optimizer.step()  # the state, the step counts among it, made by the fake mode
+        optimizer.zero_grad()
+    reads = []
+    dispatch = FakeTensorMode.dispatch  # (where every way into the fake mode meets)
+
+    def counted(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            reads.append(func)
+        return dispatch(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(FakeTensorMode, "dispatch", counted)
+    answered = profile(net, inputs, train=True, optimizer=optimizer)
+    assert reads == []
+    monkeypatch.setattr(values, "_constant_of", lambda t, followed: None)  # every read down to the fake mode, as before
+    gone_down = profile(net, inputs, train=True, optimizer=optimizer)
+    assert len(reads) == 2 * TENSORS  # both bias corrections of each tensor read its count
+    assert dataclasses.asdict(answered) == dataclasses.asdict(gone_down)

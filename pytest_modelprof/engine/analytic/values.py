@@ -204,6 +204,8 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
             return passing
         if drawn and func in _SCALAR_READS:
             raise RandomValueRead(func)
+        if func is aten._local_scalar_dense.default and (constant := _constant_of(args[0], self._followed)) is not None:
+            return _on_cpu(func, (constant,), {})  # (as the fake mode beneath answers it, without the way down)
         if known and tensors and func in _SIZED_BY_VALUES:
             return self._sized(func, args, kwargs, tensors[0].device)
         if func in _CTC:
@@ -448,6 +450,19 @@ def _small(out: Any, written: list[torch.Tensor]) -> bool:
     small enough to work out."""
     outputs = _tensors(out) or written
     return bool(outputs) and all(isinstance(o, FakeTensor) and o.numel() <= LIMIT for o in outputs)
+
+
+def _constant_of(t: Any, followed: Callable[[torch.Tensor], bool]) -> torch.Tensor | None:
+    """The value a fake tensor holds as its mode's constant (an optimizer's step count), where that mode would answer a
+    read of it by reading the constant: a CPU tensor of static shapes, of the fake mode the run's ops reach, that no
+    mode between (a router) follows. None elsewhere."""
+    if type(t) is not FakeTensor or t.constant is None or t.device.type != "cpu" or followed(t):
+        return None
+    mode = t.fake_mode
+    return t.constant if mode.shape_env is None and torch._C._get_dispatch_mode(_FAKE) is mode else None
+
+
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
 def _on_cpu(func: Any, args: Any, kwargs: Any) -> Any:
