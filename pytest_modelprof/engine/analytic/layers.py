@@ -47,11 +47,16 @@ def called(func: Any, types: Any, args: Any, kwargs: Any) -> Any:
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
+def fake_mode_beneath() -> FakeTensorMode | None:
+    """The fake mode set beneath the dispatch modes (the infra mode an analytic run's ops reach last), or None."""
+    return torch._C._get_dispatch_mode(_FAKE)  # type: ignore[no-any-return]
+
+
 def _no_mode_beneath_but_fake() -> bool:
     """Whether the only mode beneath the one dispatching now is a fake mode, or none: no mode of the caller's (one
     entered before the run) or of another tool's waits to see the op."""
     depth = torch._C._len_torch_dispatch_stack()
-    return depth == 0 or (depth == 1 and torch._C._get_dispatch_mode(_FAKE) is not None)
+    return depth == 0 or (depth == 1 and fake_mode_beneath() is not None)
 
 
 def into_fake_mode(fake_mode: FakeTensorMode) -> Below:

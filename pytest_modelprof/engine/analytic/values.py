@@ -49,7 +49,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..ops import METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments
 from .fake import detached
 from .finiteness import EQUALITY, FINITENESS_TESTS, is_finite_number, on_finite_numbers
-from .layers import Layer
+from .layers import Layer, fake_mode_beneath
 from .packed import pad_packed
 from .paths import passing_value
 
@@ -459,10 +459,7 @@ def _constant_of(t: Any, followed: Callable[[torch.Tensor], bool]) -> torch.Tens
     if type(t) is not FakeTensor or t.constant is None or t.device.type != "cpu" or followed(t):
         return None
     mode = t.fake_mode
-    return t.constant if mode.shape_env is None and torch._C._get_dispatch_mode(_FAKE) is mode else None
-
-
-_FAKE = torch._C._TorchDispatchModeKey.FAKE
+    return t.constant if mode.shape_env is None and fake_mode_beneath() is mode else None
 
 
 def _on_cpu(func: Any, args: Any, kwargs: Any) -> Any:
