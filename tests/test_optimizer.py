@@ -1,13 +1,16 @@
 """A training step with its optimizer step: every implementation of an optimizer costs
 the same, the caller's optimizer is left as it was, and bad optimizers are refused."""
 
+import dataclasses
 import inspect
 
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pytest_modelprof import ProfileError, profile
+from pytest_modelprof.engine.analytic import values
 
 PARAMS = 8 * 4 + 4  # nn.Linear(8, 4)
 TENSORS = 2  # weight and bias: one step-counter increment each (Adam)
@@ -167,12 +170,6 @@ def test_an_analytic_step_reads_its_step_counts_above_the_fake_mode(monkeypatch)
     """A model stepped on fake tensors before it is profiled (as a 7B model is) holds Adam's step counts as its fake mode's
     constants, whose ``.item()`` the fake mode answers from the constant: the known-values layer answers it so, without
     the way down (every layer and the fake mode's uncached path), with the same figures."""
-    import dataclasses
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from pytest_modelprof.engine.analytic import values
-
     mode = FakeTensorMode()
     with mode:
         net, inputs = model(), x()
