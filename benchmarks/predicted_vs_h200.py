@@ -73,8 +73,8 @@ def summary(values: list[float]) -> str:
     return f"median |error| {statistics.median(magnitudes):6.1%}, max {max(magnitudes):6.1%} ({len(values)})"
 
 
-def steps() -> None:
-    data = gpu_truth.observed(H200, gpu_truth.records("h200"))
+def steps(records: str = "h200") -> None:
+    data = gpu_truth.observed(H200, gpu_truth.records(records))
     errs = errors(H200, data, H200.calibration)
     print(f"{'workload':48s} {'':4s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  (ms, median of 20 steps)")
     order = sorted(range(len(data)), key=lambda i: (not gpu_truth.heldout(data[i].name), data[i].name))
@@ -117,9 +117,10 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--kernels-only", action="store_true")
     group.add_argument("--steps-only", action="store_true")
+    parser.add_argument("--records", default="h200", help="the gpu-truth file of the steps (h200, h200-b, h200-b-repeat, h200-tf32)")
     options = parser.parse_args()
     if not options.kernels_only:
-        steps()
+        steps(options.records)
     if not options.steps_only:
         kernels()
 
