@@ -7,7 +7,9 @@ model (efficiency per kind of kernel, the tile and reduction constants of a matr
 norm's bandwidth per channel, a kernel's fixed time) to the measured kernel time of each operator
 and input shapes the records hold, weighted by that time, together with NeuSight's kernels timed one
 at a time on five other GPUs (pytest_modelprof/data/kernel-data, ``benchmarks/neusight.py``); then
-the host's time per op to the step times. Last, the constants of the kinds of kernel no H100 step
+the host's time per op to the step times. The operators of one-layer probes measured on an H200 (convolutions,
+products, normalisations, pooling, activations and attention at shapes no held-out step has) join the steps'
+kernels in the first stage (``probe_kernels``). Last, the constants of the kinds of kernel no H100 step
 runs (PyTorch's own batch-norm kernels, which a model in half precision takes: ``calibrate.fit_kinds``),
 on the batch norms of the one-layer probes measured on an H200 (pytest_modelprof/data/gpu-truth).
 Each workload is also predicted by a calibration fitted without it (leave one out: both
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import gpu_truth, neusight  # noqa: E402
 from pytest_modelprof import GPUS  # noqa: E402
-from pytest_modelprof.engine.calibrate import Observed, errors, fit, fit_kinds, kernel_time  # noqa: E402
+from pytest_modelprof.engine.calibrate import Observed, errors, fit, fit_kinds, kernel_time, key  # noqa: E402
 from pytest_modelprof.engine.targets.cost import NATIVE_NORM_KINDS  # noqa: E402
 from pytest_modelprof.engine.targets.gpus import Calibration  # noqa: E402
 
@@ -61,6 +63,25 @@ def native_batch_norms() -> list[tuple]:
     return [(h200, works, seconds) for o in gpu_truth.observed(h200, probes) for works, seconds in o.matched.values()]
 
 
+def probe_kernels() -> list[tuple]:
+    """The operators of the H200's one-layer probes (pytest_modelprof/data/gpu-truth: h200-probes.json,
+    h200-probes-b.json), each its works and measured kernel seconds, as ``fit`` takes them: convolutions,
+    products, normalisations, pooling, activations and attention at shapes no step of the fit has. An operator
+    whose name and input shapes one of the held-out steps has is left out, so that those steps stay a check of
+    the fit (benchmarks/predicted_vs_h200.py)."""
+    h200 = GPUS["h200"]
+    held_out = {
+        key(op["op"], json.loads(op["shapes"]))
+        for name, record in gpu_truth.records("h200").items()
+        if gpu_truth.heldout(name)
+        for op in record["ops"]
+    }
+    probes = {**gpu_truth.records("h200-probes"), **gpu_truth.records("h200-probes-b")}
+    return [
+        (h200, works, seconds) for o in gpu_truth.observed(h200, probes) for k, (works, seconds) in o.matched.items() if k not in held_out
+    ]
+
+
 def kernels(per_file: int = 60) -> list[tuple]:
     """NeuSight's kernels timed on five GPUs (``per_file`` of each op and GPU), as the fit takes them."""
     return [(m.gpu, m.work, m.kind, m.seconds) for m in neusight.measurements(per_file, seed=1)]
@@ -82,18 +103,19 @@ def main() -> None:
     options = parser.parse_args()
     data = workloads()
     timed = kernels()
+    probes = probe_kernels()
     shipped = H100.calibration
     source = (
-        f"fitted on {len(data)} H100 steps (the project's gpu-truth records, torch 2.11) and {len(timed)} kernels timed on five GPUs; "
-        "PyTorch's own batch-norm kernels on an H200's one-layer probes"
+        f"fitted on {len(data)} H100 steps (the project's gpu-truth records, torch 2.11), {len(probes)} operators of an H200's one-layer "
+        f"probes and {len(timed)} kernels timed on five GPUs; PyTorch's own batch-norm kernels on the H200's probes"
     )
-    full = fit(H100, data, source=source, timed=timed)  # from the round defaults, as each leave-one-out fit starts
+    full = fit(H100, data, source=source, timed=timed, kernels=probes)  # from the round defaults, as each leave-one-out fit starts
     # then the kinds no H100 step runs, on the H200's probes (the steps' figures do not depend on them)
     full = fit_kinds(full, native_batch_norms(), NATIVE_NORM_KINDS)
     print(f"{'workload':48s} {'measured':>9s} {'shipped':>9s} {'err':>7s} {'fit':>9s} {'err':>7s} {'left out':>9s} {'err':>7s}  (ms)")
     table: dict[str, list[float]] = {"shipped": errors(H100, data, shipped), "fit": errors(H100, data, full)}
     if not options.no_leave_one_out:
-        table["left out"] = [errors(H100, [w], fit(H100, [d for d in data if d is not w], timed=timed))[0] for w in data]
+        table["left out"] = [errors(H100, [w], fit(H100, [d for d in data if d is not w], timed=timed, kernels=probes))[0] for w in data]
     for i, workload in enumerate(data):
         truth = workload.step_seconds
         cells = "".join(f" {(1 + e[i]) * truth * 1e3:9.3f} {e[i]:+7.1%}" for e in table.values())

@@ -125,7 +125,8 @@ def test_the_matrix_products_behind_a_convolution_by_hand():
     weight_only = (*both[:10], [False, True, False])
     assert gemms_of("aten.convolution_backward", weight_only, None) == (Gemm(128, 64 * 9, 8 * 28 * 28, 1.0),)
     q = torch.empty(2, 12, 197, 64, device="meta")
-    assert gemms_of("aten._scaled_dot_product_flash_attention", (q, q, q), None) == (Gemm(2 * 12 * 197, 197, 64),)
+    # a product per head: rows the queries, columns the head size, reduced over the keys
+    assert gemms_of("aten._scaled_dot_product_flash_attention", (q, q, q), None) == (Gemm(2 * 12 * 197, 64, 197),)
     a, b = torch.empty(4, 100, 30, device="meta"), torch.empty(4, 30, 20, device="meta")
     assert gemms_of("aten.bmm", (a, b), None) == (Gemm(100, 20, 30, 1.0, 4),)  # four products of 100 x 20
 

@@ -36,7 +36,19 @@ from torch import nn
 from .formulas import FormulaTable
 from .meters import Meter, Op
 from .meters.predicted import op_features
-from .targets.cost import COMPUTE_KINDS, MATH_OF, NORM_KINDS, POOL_KINDS, ROW_NORMS, STAND_IN, StepClock, Work, kernel_seconds, math_unit
+from .targets.cost import (
+    COMPUTE_KINDS,
+    HALF_OF,
+    MATH_OF,
+    NORM_KINDS,
+    POOL_KINDS,
+    ROW_NORMS,
+    STAND_IN,
+    StepClock,
+    Work,
+    kernel_seconds,
+    math_unit,
+)
 from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
@@ -154,7 +166,8 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
             tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)[1]
             efficiencies.add(kind if tensor_cores else f"{kind}_simt")
             if work.gemms:
-                parameters.update({("gemm_half", "k" if tensor_cores else "k_simt"), ("tile_cost", "tensor" if tensor_cores else "simt")})
+                half = (HALF_OF.get(kind) or "k") if tensor_cores else "k_simt"
+                parameters.update({("gemm_half", half), ("tile_cost", "tensor" if tensor_cores else "simt")})
             if clock_fraction(gpu) < 1:
                 parameters.add(("power_exponent", None))
             if not tensor_cores and simt_integer_factor(gpu, UNCALIBRATED) < 1:
@@ -181,6 +194,8 @@ def _get(calibration: Calibration, parameter: Parameter) -> float:
         return float(value)
     if name not in value and STAND_IN.get(name) in value:  # the figure that prices the kind while it has none
         return float(value[STAND_IN[name]])
+    if name not in value and name in HALF_OF.values() and "k" in value:  # a kernel's own reduction constant: a product's
+        return float(value["k"])
     return float(value.get(name, getattr(Calibration(), field).get(name, _START.get(field, 1.0))))
 
 
@@ -328,11 +343,13 @@ def fit(
     start: Calibration | None = None,
     source: str | None = None,
     timed: Sequence[Timed] = (),
+    kernels: Sequence[tuple[GPUSpec, list[Work], float]] = (),
 ) -> Calibration:
     """The calibration that best predicts ``observed`` steps on ``gpu`` (see the module's notes), and with
-    them ``timed`` kernels (timed on their own, on any GPU: :func:`fit_kernels`), starting from ``start``
-    (by default, figures that make every kernel slow)."""
-    matched = _matched((gpu, o) for o in observed)
+    them ``timed`` kernels (timed on their own, on any GPU: :func:`fit_kernels`) and ``kernels`` (operators of
+    other steps, on any GPU: each its works and measured seconds, weighed as the steps' are), starting from
+    ``start`` (by default, figures that make every kernel slow)."""
+    matched = [*_matched((gpu, o) for o in observed), *((g, works, seconds) for g, works, seconds in kernels if works and seconds > 0)]
     if not matched:
         raise ValueError("no measured operator matches an op of the analytic runs: nothing to fit the kernel model to")
     calibration = _fit_kernel_model(start, matched, _usable(timed)).calibration

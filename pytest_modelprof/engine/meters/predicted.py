@@ -26,7 +26,7 @@ from ..targets.cost import (
     tf32_allowed,
 )
 from ..targets.gpus import GPUSpec
-from ..targets.products import gemms_of
+from ..targets.products import gemms_of, relayout_bytes
 from . import Meter, Op
 
 if TYPE_CHECKING:
@@ -116,7 +116,9 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
     elements = pool_elements(op.args) if kind in POOL_KINDS else 0
     who = issuer(op, tensors)
-    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, who, tf32_allowed(kind), elements)
+    relayout = relayout_bytes(op.name, op.args, op.out) if kind in ("conv", "conv_backward") else 0
+    tf32 = tf32_allowed(kind)
+    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, who, tf32, elements, relayout)
 
 
 def issuer(op: Op, tensors: list[torch.Tensor]) -> Issuer:

@@ -64,6 +64,9 @@ STAND_IN: dict[str, Kind] = {"norm_native": "norm", "norm_native_backward": "nor
 POOL_KINDS = frozenset({"pool", "pool_backward"})  # bound by each element's index arithmetic (see :func:`pool_elements`)
 COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_backward", "attention", "rnn"})  # on tensor cores where the dtype allows
 LIBRARY_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and cuDNN's products (see :mod:`.products`)
+# the kinds of kernel on tensor cores whose reduction has a ``gemm_half`` of its own: attention's runs over the keys,
+# one block of them after another, which a library's product does not (where a calibration lacks it: ``k``'s)
+HALF_OF: dict[str, str] = {"attention": "k_attention"}
 
 # the op registry's kernels (:attr:`~..ops.OpInfo.kernel`) by op name, those of the kind "memory" left out
 KIND_OF: dict[str, Kind] = {info.name: info.kernel for info in REGISTRY.values() if info.kernel != "memory"}
@@ -160,6 +163,7 @@ class Work(NamedTuple):
     issuer: Issuer = "recorded"  # who issues it, at what cost to the host (see :data:`Issuer`)
     tf32: bool = False  # float32 math allowed on TF32 tensor cores where it ran (:func:`tf32_allowed`)
     elements: int = 0  # a pooling kernel's elements, each worked out in integer arithmetic (:func:`pool_elements`)
+    relayout: int = 0  # bytes its library's layout transforms move on tensor cores, kernels of their own (:func:`.products.relayout_bytes`)
 
 
 def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: float = 1.0) -> tuple[float, Bound]:
@@ -168,6 +172,7 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
     efficiency = calibration.efficiency
     kind = work.kind
     bandwidth = gpu.bandwidth * efficiency["memory"]
+    relayout = 0.0
     if kind in COMPUTE_KINDS:
         peak, tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)
         unit_efficiency = efficiency.get(kind if tensor_cores else f"{kind}_simt", efficiency.get(kind, 1.0))
@@ -177,13 +182,18 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         if work.gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
             sms, split = gpu.sm_count, kind in LIBRARY_KINDS
             batched = () if tensor_cores or not split else simt_batched_tiles(gpu)  # (the library's batched "nn" kernels')
+            half = HALF_OF.get(kind, "") if tensor_cores else ""
             compute = sum(
-                product_seconds(g, work.flops * g.share, peak, sms, calibration, tensor_cores, split, batched if _batched_nn(g) else ())
+                product_seconds(
+                    g, work.flops * g.share, peak, sms, calibration, tensor_cores, split, batched if _batched_nn(g) else (), half
+                )
                 for g in work.gemms
             )
         else:
             compute = work.flops / peak
         memory = work.bytes / bandwidth
+        if tensor_cores and work.relayout:  # transposed into the kernels' layout and back, before and after them
+            relayout = work.relayout / bandwidth + calibration.kernel_seconds * RELAYOUT_KERNELS
     elif kind in POOL_KINDS:
         compute = pool_seconds(gpu, calibration, work)
         memory = work.bytes / bandwidth
@@ -198,11 +208,13 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         memory = work.bytes * work.passes / rate
         compute = max(compute, reduction_seconds(gpu, calibration, work))
     fixed = calibration.kernel_seconds * work.kernels  # each kernel's start and finish, beside its work
-    seconds = fixed + max(compute, memory)
+    seconds = fixed + max(compute, memory) + relayout
     if fixed > max(compute, memory):
         return seconds, "launch"
     return seconds, "compute" if compute >= memory else "memory"
 
+
+RELAYOUT_KERNELS = 3  # a convolution's layout transforms: its input's and weight's, then its output's
 
 ROW_NORMS = frozenset({"aten.native_layer_norm"})  # whose reductions (rows) each take their own time: :func:`reduction_seconds`
 

@@ -397,7 +397,7 @@ def _graph(cudnn: _Library, create: Callable[[int], ctypes.c_void_p], convolutio
 # ATen's side: which convolutions go to cuDNN, and how they are described to it ----------------
 
 
-def _memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+def conv_memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
     """``cudnn_conv_suggest_memory_format``: channels-last where the input's or the weight's
     ``suggest_memory_format`` is (not for float64)."""
     if torch.float64 in (input.dtype, weight.dtype) or input.dim() not in (4, 5):
@@ -420,7 +420,7 @@ def uses_cudnn(input: torch.Tensor, weight: torch.Tensor, transposed: bool, grou
     if input.dim() not in (3, 4, 5) or input.shape[0] == 0 or input.numel() == 0:
         return False
     depthwise = not transposed and input.dim() in (4, 5) and groups > 1 and input.shape[1] == groups and weight.shape[0] % groups == 0
-    return not depthwise or _memory_format(input, weight) != torch.contiguous_format
+    return not depthwise or conv_memory_format(input, weight) != torch.contiguous_format
 
 
 def convolutions(name: str, bound: dict[str, Any], out: Any) -> list[Convolution]:
@@ -432,7 +432,7 @@ def convolutions(name: str, bound: dict[str, Any], out: Any) -> list[Convolution
     transposed, groups = bool(bound.get("transposed")), int(bound.get("groups") or 1)
     if not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor) or not uses_cudnn(input, weight, transposed, groups):
         return []
-    memory_format = _memory_format(input, weight)
+    memory_format = conv_memory_format(input, weight)
     last = memory_format != torch.contiguous_format
     flat = input.dim() == 3  # view4d
     padding, stride, dilation = (tuple(int(v) for v in bound[k]) for k in ("padding", "stride", "dilation"))

@@ -50,7 +50,8 @@ class Calibration:
     other kernels; ``pool`` and ``pool_backward``: not a fraction of a peak but the elements a pooling
     kernel works through per SM and clock cycle (see :func:`.cost.pool_seconds`; where absent, pooling
     is priced by its bytes alone). ``gemm_half``: the reduction length at which a product's tile reaches half that
-    efficiency (``k`` on tensor cores, ``k_simt`` on CUDA cores); ``tile_cost``: how much less of it a
+    efficiency (``k`` on tensor cores, ``k_simt`` on CUDA cores, ``k_attention`` for attention's kernels, whose
+    reduction runs over the keys: where absent, ``k``); ``tile_cost``: how much less of it a
     smaller output tile reaches (``tensor``, ``simt``; see :mod:`.products`).
     ``reduction_bandwidth``: per normalisation kind, the bytes/s one of its independent reductions
     moves, where too few of them run side by side to fill the GPU (batch norm's channels);
@@ -106,49 +107,52 @@ UNCALIBRATED = Calibration()
 
 # The fitted calibration: one set of constants for every GPU of the table (each GPU is its figures: peaks, SMs,
 # bandwidth, power), fitted by benchmarks/predicted_vs_h100.py on the kernel and step times of the nine H100 steps
-# in pytest_modelprof/data/gpu-truth (torch 2.11, cuDNN 9.19) and the kernels NeuSight timed one at a time on a
-# P4, P100, T4, V100 and A100 (pytest_modelprof/data/kernel-data); its leave-one-out and leave-one-GPU-out tables
-# (benchmarks/kernel_data.py) say how far it carries to other models and GPUs. conv_backward_simt is not fitted
+# in pytest_modelprof/data/gpu-truth (torch 2.11, cuDNN 9.19), the kernel times of the operators of an H200's
+# one-layer probes there (h200-probes.json, h200-probes-b.json: convolutions, products, normalisations, pooling,
+# activations and attention, those whose name and shapes a held-out step has left out) and the kernels NeuSight
+# timed one at a time on a P4, P100, T4, V100 and A100 (pytest_modelprof/data/kernel-data); its leave-one-out and
+# leave-one-GPU-out tables (benchmarks/kernel_data.py) and the held-out H200 steps (benchmarks/predicted_vs_h200.py)
+# say how far it carries to other models and GPUs. conv_backward_simt is not fitted
 # (no fp32 convolution's backward pass without TF32 was measured): a round figure. norm_native and
 # norm_native_backward (PyTorch's own batch-norm kernels, which no H100 step runs) are fitted on their own, every
 # other constant kept, on the float16 and bfloat16 batch norms of the H200's one-layer probes (h200-probes.json)
 # whose shapes no held-out step has: their efficiencies; their channels (1024, 2048) are too many for a bandwidth
 # per channel to show, so cuDNN's (norm's, norm_backward's) stands in. pool and pool_backward (elements per SM and
-# cycle) come from the H100 steps' three max pools (ResNet-18's forward and backward, ResNet-50's forward);
-# reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest.
+# cycle) come from the H100 steps' max pools with the probes'; reduction_cycles (a layer norm's cycles a row) from
+# their layer norms with the rest.
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.9082,
-        "conv": 0.3572,
-        "conv_backward": 0.2298,
-        "conv_narrow": 0.2616,
-        "conv_narrow_backward": 0.08448,
-        "attention": 0.6377,
-        "rnn": 0.3175,
-        "norm": 0.8402,
-        "norm_backward": 0.7248,
-        "norm_native": 0.6285,
-        "norm_native_backward": 0.9117,
-        "memory": 0.8498,
-        "matmul_simt": 0.8707,
-        "conv_simt": 1.602,
+        "matmul": 0.9645,
+        "conv": 0.5713,
+        "conv_backward": 0.3819,
+        "conv_narrow": 0.2662,
+        "conv_narrow_backward": 0.07394,
+        "attention": 0.8221,
+        "rnn": 0.3662,
+        "norm": 0.8153,
+        "norm_backward": 0.6569,
+        "norm_native": 0.629,
+        "norm_native_backward": 0.9123,
+        "memory": 0.8393,
+        "matmul_simt": 0.8489,
+        "conv_simt": 1.558,
         "conv_backward_simt": 0.3,
-        "cuda_cores": 0.396,
-        "pool": 0.9836,
-        "pool_backward": 0.3664,
+        "cuda_cores": 0.4735,
+        "pool": 1.033,
+        "pool_backward": 0.3547,
     },
-    gemm_half={"k": 161.1, "k_simt": 10.77},
-    tile_cost={"tensor": 2.22, "simt": 13.57},
-    reduction_bandwidth={"norm": 21.5e9, "norm_backward": 13.58e9},
-    reduction_cycles={"norm": 532.2},
-    power_exponent=1.135,
-    simt_integer=0.3515,
-    kernel_seconds=2.965e-6,
-    host_seconds=14.98e-6,
-    view_seconds=14.18e-6,
+    gemm_half={"k": 275.7, "k_simt": 10.59, "k_attention": 773.5},
+    tile_cost={"tensor": 4.804, "simt": 10.38},
+    reduction_bandwidth={"norm": 20.67e9, "norm_backward": 13.65e9},
+    reduction_cycles={"norm": 504.5},
+    power_exponent=1.145,
+    simt_integer=0.3458,
+    kernel_seconds=3.055e-6,
+    host_seconds=18.79e-6,
+    view_seconds=12.84e-6,
     calibrated=True,
-    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11) and 4800 kernels timed on five GPUs (NeuSight's); "
-    "PyTorch's own batch-norm kernels on an H200's one-layer probes",
+    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11), 336 operators of an H200's one-layer probes "
+    "and 4800 kernels timed on five GPUs (NeuSight's); PyTorch's own batch-norm kernels on the H200's probes",
 )
 
 

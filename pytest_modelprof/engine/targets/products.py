@@ -60,19 +60,22 @@ def product_seconds(
     tensor_cores: bool,
     split: bool = True,
     offered: tuple[tuple[int, int], ...] = (),
+    half: str = "",
 ) -> float:
     """The seconds ``sms`` SMs of math peak ``peak`` (FLOP/s at full efficiency) take over ``flops`` of the
     product ``gemm``: of its tile sizes and splits of the reduction, the fastest (see the module's notes);
     ``split``: whether its kernels may split the reduction (a library's may; attention's and recurrent
     kernels, which schedule their own work, do not); ``offered``: the tiles its kernels come in, where the
-    GPU's library offers fewer than all (:func:`.gpus.simt_batched_tiles`)."""
+    GPU's library offers fewer than all (:func:`.gpus.simt_batched_tiles`); ``half``: the calibration's
+    ``gemm_half`` entry for its reduction, where the kernel has one of its own (attention's: ``k_attention``)."""
     stock = TENSOR_TILES if tensor_cores else SIMT_TILES
     tiles = offered or stock
     useful = gemm.batch * gemm.m * gemm.n
     if useful <= 0 or gemm.k <= 0 or flops <= 0:
         return 0.0
     unit = "tensor" if tensor_cores else "simt"
-    k_half = calibration.gemm_half.get("k" if tensor_cores else "k_simt", 0.0)
+    default = "k" if tensor_cores else "k_simt"
+    k_half = calibration.gemm_half.get(half or default, calibration.gemm_half.get(default, 0.0))
     cost = calibration.tile_cost.get(unit, 0.0)
     largest = 1 + cost * (1 / stock[0][0] + 1 / stock[0][1])  # (the efficiency is the largest tile's)
     best = math.inf
@@ -123,8 +126,9 @@ def gemms_of(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ..
     to this function: the kind's efficiency alone applies). A convolution is an implicit product
     (rows: output pixels, columns: output channels, reduction: input channels x kernel), its
     backward one for the input's gradient and one for the weight's; attention a product per
-    head (queries x keys x head size); a recurrent layer its input projection over all steps and
-    one recurrent product per step (rows: the batch)."""
+    head (rows: queries, columns: the head size, reduction: the keys, which each block of queries
+    runs through); a recurrent layer its input projection over all steps and one recurrent product
+    per step (rows: the batch)."""
     base = name.removeprefix("aten.").rstrip("_")
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if base in ("mm", "addmm", "_addmm_activation", "bmm", "baddbmm") and len(tensors) >= 2:
@@ -146,7 +150,9 @@ def gemms_of(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm, ..
         if q.dim() != 4 or k.dim() != 4 or not base.startswith("_scaled_dot_product"):
             return ()
         batch_heads = q.shape[0] * q.shape[1]
-        return (Gemm(batch_heads * q.shape[2], k.shape[2], q.shape[3]),)
+        # each block of queries runs through every key, accumulating its output (head size wide): the keys
+        # are its reduction, whose length pays for the block's prologue and epilogue
+        return (Gemm(batch_heads * q.shape[2], q.shape[3], k.shape[2]),)
     if base in ("_cudnn_rnn", "_cudnn_rnn_backward"):
         return _rnn_gemms(name, args)
     return ()
@@ -181,6 +187,44 @@ def _conv_gemms(name: str, args: tuple[object, ...], out: object) -> tuple[Gemm,
     if mask[1]:  # the weight's: reduced over every pixel of the batch
         parts.append(Gemm(out_per_group * groups, in_per_group * kernel, pixels_out))
     return tuple(Gemm(g.m, g.n, g.k, 1 / len(parts)) for g in parts)
+
+
+def relayout_bytes(name: str, args: tuple[object, ...], out: object) -> int:
+    """The bytes cuDNN's layout transforms around a convolution read and write, in kernels of their own: on
+    tensor cores its kernels work in channels-last (NHWC), so a convolution given contiguous (NCHW) tensors
+    has its input and weight transposed into it and its output back (``nchwToNhwcKernel``,
+    ``nhwcToNchwKernel``), and its backward pass the output's gradient, the input and the gradients it
+    computes. A pointwise convolution (1x1, stride 1, no padding) is a plain matrix product over NCHW and
+    runs without them; a depthwise one in NCHW runs ATen's own kernels (:func:`.cudnn.uses_cudnn`).
+    Measured on an H200 (cuDNN 9.19), of the convolutions of the held-out steps and one-layer probes (operators
+    by shapes): the transforms ran around 194 of 211 that are neither pointwise nor depthwise, float32 (TF32)
+    and half precision alike, and around 83 of 367 pointwise ones (those strided, and some cuDNN's heuristics
+    chose so). The cost model prices
+    them only where the convolution runs on tensor cores (:func:`.cost.kernel_seconds`)."""
+    from .cudnn import conv_memory_format, uses_cudnn  # (cuDNN's description of a convolution reads the GPU's tables)
+
+    backward = name == "aten.convolution_backward"
+    if name != "aten.convolution" and not backward:
+        return 0
+    x, weight = (as_tensor(argument(args, i)) for i in ((1, 2) if backward else (0, 1)))
+    if x is None or weight is None or x.dim() not in (4, 5):
+        return 0
+    groups = argument(args, 9 if backward else 8, 1)
+    groups = groups if isinstance(groups, int) and groups > 0 else 1
+    transposed = argument(args, 7 if backward else 6) is True
+    if not uses_cudnn(x, weight, transposed, groups) or conv_memory_format(x, weight) != torch.contiguous_format:
+        return 0
+    stride, padding = argument(args, 4 if backward else 3, ()), argument(args, 5 if backward else 4, ())
+    pointwise = (
+        all(size == 1 for size in weight.shape[2:])
+        and all(v == 1 for v in (stride if isinstance(stride, (list, tuple)) else ()))
+        and all(v == 0 for v in (padding if isinstance(padding, (list, tuple)) else ()))
+    )
+    if pointwise:
+        return 0
+    outputs = [t for t in (out if isinstance(out, (list, tuple)) else (out,)) if isinstance(t, torch.Tensor)]
+    tensors = [t for t in (as_tensor(argument(args, 0)), x, weight) if t is not None] if backward else [x, weight]
+    return 2 * sum(t.numel() * t.element_size() for t in (*tensors, *outputs))
 
 
 def _rnn_gemms(name: str, args: tuple[object, ...]) -> tuple[Gemm, ...]:

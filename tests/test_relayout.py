@@ -1,0 +1,77 @@
+"""Two pieces of the kernel model read off the H200's kernel names: cuDNN's layout transforms around a
+convolution on tensor cores, and attention's products reduced over the keys."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from pytest_modelprof import GPUS
+from pytest_modelprof.engine.targets.cost import RELAYOUT_KERNELS, Work, kernel_seconds
+from pytest_modelprof.engine.targets.gpus import FITTED
+from pytest_modelprof.engine.targets.products import Gemm, gemms_of, relayout_bytes
+
+H100 = GPUS["h100"]
+
+
+def _meta(*shape, dtype=torch.float16):
+    return torch.empty(shape, device="meta", dtype=dtype)
+
+
+def _forward(x, w, stride=(1, 1), padding=(1, 1), groups=1):
+    out = torch.nn.functional.conv2d(x, w, None, stride, padding, 1, groups)
+    return (x, w, None, list(stride), list(padding), [1, 1], False, [0, 0], groups), out
+
+
+def test_a_convolution_in_nchw_on_tensor_cores_moves_its_tensors_through_transforms_by_hand():
+    x, w = _meta(8, 64, 32, 32), _meta(128, 64, 3, 3)
+    args, y = _forward(x, w)
+    # each of input, weight and output read and written once more: 2 bytes an element in float16
+    by_hand = 2 * 2 * (8 * 64 * 32 * 32 + 128 * 64 * 3 * 3 + 8 * 128 * 32 * 32)
+    assert relayout_bytes("aten.convolution", args, y) == by_hand
+    # its backward pass: the output's gradient, the input and the weight in; the two gradients out
+    gx, gw = _meta(*x.shape), _meta(*w.shape)
+    backward = (y, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+    assert relayout_bytes("aten.convolution_backward", backward, (gx, gw, None)) == 2 * 2 * (
+        8 * 128 * 32 * 32 + 2 * 8 * 64 * 32 * 32 + 2 * 128 * 64 * 3 * 3
+    )
+
+
+def test_a_pointwise_a_channels_last_and_a_depthwise_convolution_run_without_transforms():
+    x = _meta(8, 64, 32, 32)
+    pointwise, y = _forward(x, _meta(128, 64, 1, 1), padding=(0, 0))
+    assert relayout_bytes("aten.convolution", pointwise, y) == 0
+    strided, y = _forward(x, _meta(128, 64, 1, 1), stride=(2, 2), padding=(0, 0))
+    assert relayout_bytes("aten.convolution", strided, y) > 0  # a downsampling 1x1 is not a plain product
+    last = x.to(memory_format=torch.channels_last)
+    args, y = _forward(last, _meta(128, 64, 3, 3).to(memory_format=torch.channels_last))
+    assert relayout_bytes("aten.convolution", args, y) == 0
+    depthwise, y = _forward(x, _meta(64, 1, 3, 3), groups=64)  # ATen's own kernels in NCHW
+    assert relayout_bytes("aten.convolution", depthwise, y) == 0
+
+
+def test_the_transforms_are_priced_at_the_memorys_bandwidth_only_on_tensor_cores():
+    calibration = FITTED
+    relayout = 64 << 20
+    gemm = (Gemm(8192, 256, 2304),)
+    work = Work("aten.convolution", "conv", 2 * 8192 * 256 * 2304, 1 << 20, torch.float16, 1, gemm)
+    plain, _ = kernel_seconds(H100, calibration, work)
+    moved, _ = kernel_seconds(H100, calibration, work._replace(relayout=relayout))
+    by_hand = relayout / (H100.bandwidth * calibration.efficiency["memory"]) + RELAYOUT_KERNELS * calibration.kernel_seconds
+    assert moved - plain == pytest.approx(by_hand)
+    # float32 with TF32 off runs cuDNN's kernels on CUDA cores, in NCHW: nothing added
+    simt = work._replace(dtype=torch.float32, tf32=False)
+    assert kernel_seconds(H100, calibration, simt._replace(relayout=relayout)) == kernel_seconds(H100, calibration, simt)
+
+
+def test_attentions_product_is_reduced_over_the_keys_with_a_constant_of_its_own():
+    q, k, v = _meta(2, 8, 1024, 64), _meta(2, 8, 4096, 64), _meta(2, 8, 4096, 64)
+    (gemm,) = gemms_of("aten._scaled_dot_product_flash_attention", (q, k, v), None)
+    assert (gemm.m, gemm.n, gemm.k) == (2 * 8 * 1024, 64, 4096)
+    work = Work("aten._scaled_dot_product_flash_attention", "attention", 4 * 2 * 8 * 1024 * 4096 * 64, 0, torch.bfloat16, 1, (gemm,))
+    own = dataclasses.replace(FITTED, gemm_half={**FITTED.gemm_half, "k": 10.0, "k_attention": 3000.0})
+    products = dataclasses.replace(FITTED, gemm_half={"k": 3000.0, "k_simt": FITTED.gemm_half["k_simt"]})
+    # a calibration without it prices attention with the products' constant
+    assert kernel_seconds(H100, own, work) == pytest.approx(kernel_seconds(H100, products, work))
+    shorter = dataclasses.replace(own, gemm_half={**own.gemm_half, "k_attention": 300.0})
+    assert kernel_seconds(H100, shorter, work) < kernel_seconds(H100, own, work)
