@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -73,12 +74,25 @@ def heldout(name: str) -> bool:
 
 
 def observed(gpu: GPUSpec, records: dict[str, dict[str, Any]]) -> list[Observed]:
-    """Each record's workload run analytically on ``gpu`` and matched to it (``calibrate.observe``)."""
+    """Each record's workload run analytically on ``gpu`` and matched to it (``calibrate.observe``), with the
+    TF32 flags the record ran with (``allow_tf32``; where it has none, torch's defaults)."""
     out = []
     for name, record in records.items():
         model, inputs, keywords = workload(name)
-        out.append(observe(gpu, model, inputs, record, **keywords))
+        with tf32_flags(**record.get("allow_tf32", {})):
+            out.append(observe(gpu, model, inputs, record, **keywords))
     return out
+
+
+@contextmanager
+def tf32_flags(matmul: bool = False, cudnn: bool = True) -> Iterator[None]:
+    """torch's TF32 flags for matrix products and for cuDNN set as a record's run had them, then restored."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def workload(name: str) -> tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]:

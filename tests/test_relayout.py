@@ -1,12 +1,15 @@
-"""Two pieces of the kernel model read off the H200's kernel names: cuDNN's layout transforms around a
-convolution on tensor cores, and attention's products reduced over the keys."""
+"""Pieces of the kernel model the second H200 capture checks: cuDNN's layout transforms around a convolution
+on tensor cores and attention's products reduced over the keys (read off its kernel names), and float32
+products on TF32 tensor cores where the run allowed them."""
 
 import dataclasses
 
 import pytest
 import torch
 
+from benchmarks import gpu_truth
 from pytest_modelprof import GPUS
+from pytest_modelprof.engine.calibrate import step_seconds
 from pytest_modelprof.engine.targets.cost import RELAYOUT_KERNELS, Work, kernel_seconds
 from pytest_modelprof.engine.targets.gpus import FITTED
 from pytest_modelprof.engine.targets.products import Gemm, gemms_of, relayout_bytes
@@ -75,3 +78,17 @@ def test_attentions_product_is_reduced_over_the_keys_with_a_constant_of_its_own(
     assert kernel_seconds(H100, own, work) == pytest.approx(kernel_seconds(H100, products, work))
     shorter = dataclasses.replace(own, gemm_half={**own.gemm_half, "k_attention": 300.0})
     assert kernel_seconds(H100, shorter, work) < kernel_seconds(H100, own, work)
+
+
+def test_a_records_float32_products_are_predicted_on_tf32_where_its_run_allowed_them():
+    # h200-tf32.json: ViT-B/32's fp32 AdamW step with cuBLAS's products on TF32 took 24.7 ms on the H200,
+    # 51.2 ms without (h200-b.json); each predicted with the flags its record ran with
+    name, h200 = "vit_b_32-b64-train-fp32-adamw", GPUS["h200"]
+    on, off = gpu_truth.records("h200-tf32")[name], gpu_truth.records("h200-b")[name]
+    assert on["allow_tf32"]["matmul"] and not off["allow_tf32"]["matmul"]
+    (tf32,), (plain,) = gpu_truth.observed(h200, {name: on}), gpu_truth.observed(h200, {name: off})
+    predicted_on, predicted_off = step_seconds(h200, tf32, h200.calibration), step_seconds(h200, plain, h200.calibration)
+    assert predicted_on < 0.7 * predicted_off
+    for predicted, record in ((predicted_on, on), (predicted_off, off)):
+        assert predicted == pytest.approx(record["step_ms_median"] / 1e3, rel=0.25)
+    assert not torch.backends.cuda.matmul.allow_tf32  # the flags restored after each
