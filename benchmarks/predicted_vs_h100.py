@@ -23,6 +23,7 @@ errors, and the fitted calibration to ship in ``engine/targets/catalog.py``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -49,18 +50,19 @@ def native_batch_norms() -> list[tuple]:
     PyTorch's own kernels (float16 and bfloat16 weights): the kinds no H100 step runs, as ``fit_kinds`` takes them.
     A probe whose batch norm has the input shape of one of PyTorch's batch norms in a held-out step is left out,
     so that those steps stay a check of the fit (benchmarks/predicted_vs_h200.py)."""
-    h200 = GPUS["h200"]
 
     def native_inputs(record: dict) -> set[tuple[int, ...]]:
         return {tuple(json.loads(op["shapes"])[0]) for op in record["ops"] if op["op"].startswith("aten::native_batch_norm")}
 
     held_out = set().union(*(native_inputs(r) for name, r in gpu_truth.records("h200").items() if gpu_truth.heldout(name)))
     probes = {
-        name: record
+        name
         for name, record in gpu_truth.records("h200-probes").items()
         if name.startswith("probe-batchnorm-") and not name.endswith("-fp32") and not native_inputs(record) & held_out
     }
-    return [(h200, works, seconds) for o in gpu_truth.observed(h200, probes) for works, seconds in o.matched.values()]
+    return [
+        (GPUS["h200"], works, seconds) for name, o in probes_observed().items() if name in probes for works, seconds in o.matched.values()
+    ]
 
 
 def probe_kernels() -> list[tuple]:
@@ -69,17 +71,23 @@ def probe_kernels() -> list[tuple]:
     products, normalisations, pooling, activations and attention at shapes no step of the fit has. An operator
     whose name and input shapes one of the held-out steps has is left out, so that those steps stay a check of
     the fit (benchmarks/predicted_vs_h200.py)."""
-    h200 = GPUS["h200"]
     held_out = {
         key(op["op"], json.loads(op["shapes"]))
         for name, record in gpu_truth.records("h200").items()
         if gpu_truth.heldout(name)
         for op in record["ops"]
     }
-    probes = {**gpu_truth.records("h200-probes"), **gpu_truth.records("h200-probes-b")}
     return [
-        (h200, works, seconds) for o in gpu_truth.observed(h200, probes) for k, (works, seconds) in o.matched.items() if k not in held_out
+        (GPUS["h200"], works, seconds) for o in probes_observed().values() for k, (works, seconds) in o.matched.items() if k not in held_out
     ]
+
+
+@functools.cache
+def probes_observed() -> dict[str, Observed]:
+    """The H200's one-layer probes (h200-probes.json, h200-probes-b.json), each run analytically and matched to its
+    record, once for both the fit's stages."""
+    records = {**gpu_truth.records("h200-probes"), **gpu_truth.records("h200-probes-b")}
+    return dict(zip(records, gpu_truth.observed(GPUS["h200"], records)))
 
 
 def kernels(per_file: int = 60) -> list[tuple]:

@@ -38,7 +38,6 @@ from .meters import Meter, Op
 from .meters.predicted import op_features
 from .targets.cost import (
     COMPUTE_KINDS,
-    HALF_OF,
     MATH_OF,
     NORM_KINDS,
     POOL_KINDS,
@@ -46,6 +45,7 @@ from .targets.cost import (
     STAND_IN,
     StepClock,
     Work,
+    gemm_half_key,
     kernel_seconds,
     math_unit,
 )
@@ -166,8 +166,7 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
             tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)[1]
             efficiencies.add(kind if tensor_cores else f"{kind}_simt")
             if work.gemms:
-                half = (HALF_OF.get(kind) or "k") if tensor_cores else "k_simt"
-                parameters.update({("gemm_half", half), ("tile_cost", "tensor" if tensor_cores else "simt")})
+                parameters.update({("gemm_half", gemm_half_key(kind, tensor_cores)), ("tile_cost", "tensor" if tensor_cores else "simt")})
             if clock_fraction(gpu) < 1:
                 parameters.add(("power_exponent", None))
             if not tensor_cores and simt_integer_factor(gpu, UNCALIBRATED) < 1:
@@ -194,8 +193,6 @@ def _get(calibration: Calibration, parameter: Parameter) -> float:
         return float(value)
     if name not in value and STAND_IN.get(name) in value:  # the figure that prices the kind while it has none
         return float(value[STAND_IN[name]])
-    if name not in value and name in HALF_OF.values() and "k" in value:  # a kernel's own reduction constant: a product's
-        return float(value["k"])
     return float(value.get(name, getattr(Calibration(), field).get(name, _START.get(field, 1.0))))
 
 

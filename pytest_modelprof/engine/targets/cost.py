@@ -58,15 +58,21 @@ without (a forward under ``no_grad``, an optimizer's step), or autograd's engine
 KINDS: tuple[Kind, ...] = tuple(kind for kind in get_args(Kind) if kind != "none")  # each with its efficiency
 NORM_KINDS = frozenset({"norm", "norm_backward", "norm_native", "norm_native_backward"})  # see :func:`norm_work`
 NATIVE_NORM_KINDS = frozenset({"norm_native", "norm_native_backward"})  # PyTorch's own batch-norm kernels
-# a kind whose constants a calibration may lack (one fitted before it, or on probes that never run it), and the kind
-# whose constants stand in for them
-STAND_IN: dict[str, Kind] = {"norm_native": "norm", "norm_native_backward": "norm_backward"}
+# a constant a calibration may lack (one fitted before it, or on probes that never run its kernels), and the one that
+# stands in for it: a kind's constants, attention's reduction length (a product's)
+STAND_IN: dict[str, str] = {"norm_native": "norm", "norm_native_backward": "norm_backward", "k_attention": "k"}
 POOL_KINDS = frozenset({"pool", "pool_backward"})  # bound by each element's index arithmetic (see :func:`pool_elements`)
 COMPUTE_KINDS = frozenset({"matmul", "conv", "conv_backward", "attention", "rnn"})  # on tensor cores where the dtype allows
 LIBRARY_KINDS = frozenset({"matmul", "conv", "conv_backward"})  # cuBLAS's and cuDNN's products (see :mod:`.products`)
 # the kinds of kernel on tensor cores whose reduction has a ``gemm_half`` of its own: attention's runs over the keys,
-# one block of them after another, which a library's product does not (where a calibration lacks it: ``k``'s)
+# one block of them after another, which a library's product does not
 HALF_OF: dict[str, str] = {"attention": "k_attention"}
+
+
+def gemm_half_key(kind: str, tensor_cores: bool) -> str:
+    """The calibration's ``gemm_half`` entry for the reduction of a product of ``kind`` (see :mod:`.products`)."""
+    return HALF_OF.get(kind, "k") if tensor_cores else "k_simt"
+
 
 # the op registry's kernels (:attr:`~..ops.OpInfo.kernel`) by op name, those of the kind "memory" left out
 KIND_OF: dict[str, Kind] = {info.name: info.kernel for info in REGISTRY.values() if info.kernel != "memory"}
@@ -182,7 +188,8 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         if work.gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
             sms, split = gpu.sm_count, kind in LIBRARY_KINDS
             batched = () if tensor_cores or not split else simt_batched_tiles(gpu)  # (the library's batched "nn" kernels')
-            half = HALF_OF.get(kind, "") if tensor_cores else ""
+            half = gemm_half_key(kind, tensor_cores)
+            half = half if half in calibration.gemm_half else STAND_IN.get(half, half)
             compute = sum(
                 product_seconds(
                     g, work.flops * g.share, peak, sms, calibration, tensor_cores, split, batched if _batched_nn(g) else (), half

@@ -67,15 +67,14 @@ def product_seconds(
     ``split``: whether its kernels may split the reduction (a library's may; attention's and recurrent
     kernels, which schedule their own work, do not); ``offered``: the tiles its kernels come in, where the
     GPU's library offers fewer than all (:func:`.gpus.simt_batched_tiles`); ``half``: the calibration's
-    ``gemm_half`` entry for its reduction, where the kernel has one of its own (attention's: ``k_attention``)."""
+    ``gemm_half`` entry for its reduction (:func:`.cost.gemm_half_key`; by default, the unit's)."""
     stock = TENSOR_TILES if tensor_cores else SIMT_TILES
     tiles = offered or stock
     useful = gemm.batch * gemm.m * gemm.n
     if useful <= 0 or gemm.k <= 0 or flops <= 0:
         return 0.0
     unit = "tensor" if tensor_cores else "simt"
-    default = "k" if tensor_cores else "k_simt"
-    k_half = calibration.gemm_half.get(half or default, calibration.gemm_half.get(default, 0.0))
+    k_half = calibration.gemm_half.get(half or ("k" if tensor_cores else "k_simt"), 0.0)
     cost = calibration.tile_cost.get(unit, 0.0)
     largest = 1 + cost * (1 / stock[0][0] + 1 / stock[0][1])  # (the efficiency is the largest tile's)
     best = math.inf
