@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from benchmarks.gpu_truth import tf32_flags
 from pytest_modelprof.engine.formulas import FormulaTable
 from pytest_modelprof.engine.meters import Op
 from pytest_modelprof.engine.meters.predicted import op_features
@@ -121,16 +122,12 @@ def measurements(per_file: int | None = None, seed: int = 0) -> tuple[Measured, 
     draw = random.Random(seed)
     formulas = FormulaTable()
     out = []
-    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # the protocol's: products in fp32
-    try:
+    with tf32_flags(matmul=False, cudnn=False):  # the protocol's: products in fp32
         for (op, device), group in sorted(groups.items()):
             if per_file is not None and len(group) > per_file:
                 group = draw.sample(group, per_file)
             gpu = GPUS[GPU_NAMES[device]]
             out.extend(Measured(gpu, CLASSES[op], op, float(row["ms"]) * 1e-3, work_of(row, formulas)) for row in group)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
     return tuple(out)
 
 
