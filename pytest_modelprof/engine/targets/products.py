@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from .cudnn import conv_memory_format, uses_cudnn
+
 if TYPE_CHECKING:
     from .gpus import Calibration
 
@@ -200,8 +202,6 @@ def relayout_bytes(name: str, args: tuple[object, ...], out: object) -> int:
     and half precision alike, and around 83 of 367 pointwise ones (those strided, and some cuDNN's heuristics
     chose so). The cost model prices
     them only where the convolution runs on tensor cores (:func:`.cost.kernel_seconds`)."""
-    from .cudnn import conv_memory_format, uses_cudnn  # (cuDNN's description of a convolution reads the GPU's tables)
-
     backward = name == "aten.convolution_backward"
     if name != "aten.convolution" and not backward:
         return 0
