@@ -31,7 +31,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 # the host's time per op, by who issues it, over Python's with autograd recording (``benchmarks/host_cost.py``,
-# on the CPU: 0.74-0.82 under no_grad, 0.52-0.53 from autograd's engine in C++)
+# on the CPU: 0.74-0.82 under no_grad, 0.52-0.53 from autograd's engine in C++). On CUDA tensors an engine's op
+# alone costs more (1.35x a recorded one: data/gpu-truth/h200-host.json), but a step's forward pass also runs the
+# modules' Python around its ops, which no op sees: with the CUDA ratios (the host's constant refitted), the 29
+# steps of h200-b.json come out worse (median |error| 6.4%, largest 45%, against 6.3% and 20% with these), so the
+# forward's ops carry that Python here
 HOST_RATIO: Mapping[str, float] = MappingProxyType({"recorded": 1.0, "plain": 0.78, "engine": 0.53})
 
 
