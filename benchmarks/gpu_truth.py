@@ -62,7 +62,8 @@ def records(gpu: str = "h100") -> dict[str, dict[str, Any]]:
     """The records of one file of the gpu-truth folder, by workload name: ``h100`` (the shared workloads the
     shipped calibration is fitted on), ``h200`` (those and the held-out ones, on an H200), ``h200-probes``
     (one-layer steps, for their kernel times), ``h200-repeat`` (five captured again); ``h200-b``, ``h200-b-repeat``,
-    ``h200-tf32``, ``h200-probes-b``, ``h200-probes-c``: a second capture, with each step's host time (see the
+    ``h200-tf32``, ``h200-probes-b``, ``h200-probes-c``: a second capture, with each step's host time; ``h100-heldout``,
+    ``h100-heldout-repeat``, ``h100-shared-b``: the held-out and shared workloads on another H100 machine (see the
     folder's README)."""
     path = TRUTH / f"{gpu}.json"
     return {r["name"]: r for r in json.loads(path.read_text()) if "error" not in r} if available() and path.exists() else {}

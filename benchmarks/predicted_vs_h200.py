@@ -16,7 +16,11 @@ are not independent of it.
 - the kernels: for every operator (name and shapes) of the probes and of the held-out steps, the
   predicted against the measured kernel time, the median |error| by class of kernel.
 
-    python benchmarks/predicted_vs_h200.py [--kernels-only | --steps-only]
+    python benchmarks/predicted_vs_h200.py [--kernels-only | --steps-only] [--records FILE]
+
+``--records h100-heldout`` runs the steps' table on the same twenty held-out workloads measured on an H100
+(the GPU the step fit is on, but another machine than its records': ``h100-shared-b`` holds the shared
+workloads measured again there), on target ``h100``.
 
 The issue's goal (issue 38), on held-out steps: median |error| <= 10%, largest <= 25%.
 """
@@ -74,8 +78,10 @@ def summary(values: list[float]) -> str:
 
 
 def steps(records: str = "h200") -> None:
-    data = gpu_truth.observed(H200, gpu_truth.records(records))
-    errs = errors(H200, data, H200.calibration)
+    gpu = GPUS[records.split("-")[0]]  # the GPU the file's records were measured on: h200-b, h100-heldout
+    data = gpu_truth.observed(gpu, gpu_truth.records(records))
+    errs = errors(gpu, data, gpu.calibration)
+    print(f"{records}: analytic steps on target {gpu.name}, the shipped calibration")
     print(f"{'workload':48s} {'':4s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  (ms, median of 20 steps)")
     order = sorted(range(len(data)), key=lambda i: (not gpu_truth.heldout(data[i].name), data[i].name))
     for i in order:
@@ -84,13 +90,16 @@ def steps(records: str = "h200") -> None:
         print(f"{o.name:48s} {tag:4s} {o.step_seconds * 1e3:9.3f} {(1 + errs[i]) * o.step_seconds * 1e3:9.3f} {errs[i]:+7.1%}")
     held = [e for o, e in zip(data, errs) if gpu_truth.heldout(o.name)]
     shared = [e for o, e in zip(data, errs) if not gpu_truth.heldout(o.name)]
-    print(f"\nheld-out steps: {summary(held)}   goal: median <= {GOAL[0]:.0%}, max <= {GOAL[1]:.0%}")
-    print(f"shared steps (fitted on their H100 records): {summary(shared)}")
+    if held:
+        print(f"\nheld-out steps: {summary(held)}   goal: median <= {GOAL[0]:.0%}, max <= {GOAL[1]:.0%}")
+    if shared:
+        print(f"shared steps (fitted on their H100 records): {summary(shared)}")
     by_class: dict[str, list[float]] = defaultdict(list)
     for o, e in zip(data, errs):
         if gpu_truth.heldout(o.name):
             by_class[step_class(o.name)].append(e)
-    print("held-out steps by class:")
+    if by_class:
+        print("held-out steps by class:")
     for cls in sorted(by_class):
         print(f"  {cls:16s} {summary(by_class[cls])}")
 
@@ -117,7 +126,12 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--kernels-only", action="store_true")
     group.add_argument("--steps-only", action="store_true")
-    parser.add_argument("--records", default="h200", help="the gpu-truth file of the steps (h200, h200-b, h200-b-repeat, h200-tf32)")
+    parser.add_argument(
+        "--records",
+        default="h200",
+        help="the gpu-truth file of the steps (h200, h200-b, h200-b-repeat, h200-tf32; h100-heldout, h100-heldout-repeat: the held-out "
+        "workloads on an H100, h100-shared-b: the shared ones again on that machine)",
+    )
     options = parser.parse_args()
     if not options.kernels_only:
         steps(options.records)
