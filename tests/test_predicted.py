@@ -1,5 +1,7 @@
 """Predicted step time on a target GPU: the roofline by hand, determinism across processes, budgets."""
 
+import dataclasses
+import math
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ from pytest_modelprof import GPUS, GPUSpec, profile
 from pytest_modelprof.engine.formulas import FormulaTable
 from pytest_modelprof.engine.meters import Op
 from pytest_modelprof.engine.meters.predicted import op_features
-from pytest_modelprof.engine.targets.cost import StepClock, Work, kernel_seconds, kind_of, norm_work
+from pytest_modelprof.engine.targets.cost import StepClock, Work, kernel_seconds, kind_of, norm_elements, norm_work
 from pytest_modelprof.engine.targets.gpus import HOST_RATIO, Calibration
 from pytest_modelprof.engine.targets.products import Gemm, gemms_of
 
@@ -168,10 +170,11 @@ def test_batch_norm_with_few_channels_is_bound_by_its_reductions_by_hand():
     assert norm_work("aten.native_layer_norm", (torch.empty(8, 512, 768, device="meta"), [768])) == (1.5, 8 * 512)
     planes = torch.empty(32, 2048, 7, 7, device="meta")  # inference: one plane of 49 pixels per 256 threads
     assert norm_work("aten._native_batch_norm_legit_no_training", (planes,)) == (256 / 49, 0)
-    # a rate per element: a half-precision input takes as long as a float32 one (its passes at float32's bytes)
+    # a rate per element: in cuDNN's kernels a half-precision input takes as long as a float32 one (its passes at
+    # float32's bytes); PyTorch's own kernels have a rate per element of their own, their passes are their bytes'
     half = x.to(torch.float16)
     assert norm_work("aten.cudnn_batch_norm", (half, None, None, None, None, True, 0.1, 1e-5)) == (3.0, 16)
-    assert norm_work("aten.native_batch_norm", (planes.to(torch.bfloat16), None, None, None, None, False, 0.1, 1e-5)) == (2 * 256 / 49, 0)
+    assert norm_work("aten.native_batch_norm", (planes.to(torch.bfloat16), None, None, None, None, False, 0.1, 1e-5)) == (256 / 49, 0)
     assert norm_work("aten.native_layer_norm", (torch.empty(8, 512, 768, device="meta", dtype=torch.float16), [768])) == (1.5, 8 * 512)
     # a 2-d input (BatchNorm1d after a linear layer) or a channels-last one: PyTorch's channels-last kernel, no planes
     flat = torch.empty(256, 4096, device="meta")
@@ -184,6 +187,45 @@ def test_batch_norm_with_few_channels_is_bound_by_its_reductions_by_hand():
     assert kernel_seconds(GPU, calibration, work) == (pytest.approx(nbytes * 1.5 / (16 * 20e9)), "memory")
     many = work._replace(reductions=1024)  # enough channels: the bandwidth bounds it
     assert kernel_seconds(GPU, calibration, many)[0] == pytest.approx(nbytes * 1.5 / (2e12 * 0.8))
+
+
+def test_pytorchs_own_batch_norm_goes_through_its_elements_at_a_rate_per_sm_and_cycle_by_hand():
+    """PyTorch's own batch-norm kernels compute in float32 whatever their input: a float16 inference batch norm
+    over 64x256x56x56 takes its elements over the SMs at the kind's rate, the same on an H100 and an H200 (the same
+    132 SMs at 1.98 GHz), not 1.4 times longer on the H100 for its bandwidth."""
+    x = torch.empty(64, 256, 56, 56, device="meta", dtype=torch.float16)
+    weight, bias, mean, var = (torch.empty(256, device="meta", dtype=torch.float16) for _ in range(4))
+    eval_args = (x, weight, bias, mean, var, False, 0.1, 1e-5)
+    assert norm_elements("aten.native_batch_norm", eval_args) == x.numel()
+    assert norm_elements("aten.native_batch_norm", (x, None, None, None, None, True, 0.1, 1e-5)) == x.numel() * 3 // 2  # twice over
+    small = torch.empty(64, 1024, 7, 7, device="meta", dtype=torch.float16)  # 49 pixels a plane of 256 threads
+    assert norm_elements("aten.native_batch_norm", (small, None, None, None, None, False, 0.1, 1e-5)) == math.ceil(small.numel() * 256 / 49)
+    assert norm_elements("aten.cudnn_batch_norm", eval_args) == 0  # cuDNN's: priced by its bytes
+    calibration = Calibration(efficiency={"norm": 0.8, "memory": 0.8, "norm_native_rate": 1.5}, kernel_seconds=0.0)
+    seconds = {}
+    for name in ("h100", "h200"):
+        gpu = GPUS[name]
+        work = op_features(
+            Op(
+                torch.ops.aten.native_batch_norm.default,
+                "aten.native_batch_norm",
+                eval_args,
+                {},
+                torch.ops.aten.native_batch_norm.default(*eval_args),
+                "forward",
+                (),
+                None,
+            ),
+            FormulaTable(),
+            "meta",
+        )
+        assert (work.kind, work.elements) == ("norm_native", x.numel())
+        seconds[name] = kernel_seconds(gpu, calibration, work)[0]
+        assert seconds[name] == pytest.approx(x.numel() / (132 * 1.98e9 * 1.5))
+    # without the rate (a calibration fitted before it): by its bytes, read and written once, at cuDNN's bandwidth
+    assert work.bytes == pytest.approx(2 * x.numel() * 2, rel=1e-4)  # (and its channels' statistics)
+    by_bytes = kernel_seconds(GPUS["h100"], dataclasses.replace(calibration, efficiency={"norm": 0.8, "memory": 0.8}), work)[0]
+    assert by_bytes == pytest.approx(work.bytes / (GPUS["h100"].bandwidth * 0.8))
 
 
 def test_a_calibration_without_pytorchs_own_batch_norm_constants_prices_it_as_cudnns():

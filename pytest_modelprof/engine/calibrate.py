@@ -41,6 +41,7 @@ from .targets.cost import (
     MATH_OF,
     NORM_KINDS,
     POOL_KINDS,
+    RATE_OF,
     ROW_NORMS,
     STAND_IN,
     StepClock,
@@ -148,6 +149,7 @@ ABOVE_PEAK: dict[Parameter, float] = {
     # a pooling kind's is elements per SM and cycle, not a fraction of a peak
     ("efficiency", "pool"): 16.0,
     ("efficiency", "pool_backward"): 16.0,
+    **{("efficiency", rate): 16.0 for rate in RATE_OF.values()},
 }
 
 
@@ -171,6 +173,8 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
                 parameters.add(("power_exponent", None))
             if not tensor_cores and simt_integer_factor(gpu, UNCALIBRATED) < 1:
                 parameters.add(("simt_integer", None))
+        elif kind in RATE_OF:  # PyTorch's own batch norms: their elements' rate; their bytes and channels at cuDNN's
+            efficiencies.add(RATE_OF[kind])
         elif kind != "none":
             efficiencies.add(kind)
             if kind in POOL_KINDS:  # its rate per SM and cycle, beside its bytes at the memory's
@@ -368,7 +372,8 @@ def fit_kinds(calibration: Calibration, kernels: Sequence[tuple[GPUSpec, list[Wo
     kernels = [(gpu, works, seconds) for gpu, works, seconds in kernels if works and seconds > 0 and all(w.kind in kinds for w in works)]
     if not kernels:
         raise ValueError(f"no measured kernel of the kinds {sorted(kinds)} to fit their constants to")
-    parameters = [p for p in kernel_parameters([(gpu, w) for gpu, works, _ in kernels for w in works]) if p[1] in kinds]
+    own = {*kinds, *(RATE_OF[kind] for kind in kinds if kind in RATE_OF)}
+    parameters = [p for p in kernel_parameters([(gpu, w) for gpu, works, _ in kernels for w in works]) if p[1] in own]
     weight = 1 / math.sqrt(sum(seconds for _, _, seconds in kernels))
 
     def residuals(candidate: Calibration) -> list[float]:

@@ -11,6 +11,7 @@ from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
 from ..formulas import FormulaTable, cost_of
 from ..targets.cost import (
     COMPUTE_KINDS,
+    NATIVE_NORM_KINDS,
     NORM_KINDS,
     POOL_KINDS,
     Bound,
@@ -19,6 +20,7 @@ from ..targets.cost import (
     Work,
     foreach_kernels,
     kind_of,
+    norm_elements,
     norm_work,
     pool_elements,
     rnn_kernels,
@@ -114,7 +116,7 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
         nbytes += rnn_recurrent_bytes(op.name, op.args)
     passes, reductions = norm_work(op.name, op.args) if kind in NORM_KINDS else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
-    elements = pool_elements(op.args) if kind in POOL_KINDS else 0
+    elements = pool_elements(op.args) if kind in POOL_KINDS else norm_elements(op.name, op.args) if kind in NATIVE_NORM_KINDS else 0
     who = issuer(op, tensors)
     relayout = relayout_bytes(op.name, op.args, op.out) if kind in ("conv", "conv_backward") else 0
     tf32 = tf32_allowed(kind)

@@ -20,7 +20,8 @@ A normalisation goes over its data more than once and, where it runs only a few 
 reductions (batch norm's channels), is bound by them rather than by the bandwidth
 (:func:`norm_work`); PyTorch's own batch-norm kernels (``norm_native``: the CUDA path where the
 weights are half precision, cuDNN's being taken for float32) are slower than cuDNN's, per byte, and
-have constants of their own. A convolution with few input channels per group (depthwise, or a first layer
+have constants of their own: their elements go through the SMs at a rate per cycle whatever their bytes
+(:func:`element_seconds`). A convolution with few input channels per group (depthwise, or a first layer
 on RGB pixels) runs off the tensor cores (``conv_narrow``). Pooling is bound by the integer
 arithmetic that finds each element's window, not by its bytes (:func:`pool_seconds`).
 
@@ -58,6 +59,7 @@ without (a forward under ``no_grad``, an optimizer's step), or autograd's engine
 KINDS: tuple[Kind, ...] = tuple(kind for kind in get_args(Kind) if kind != "none")  # each with its efficiency
 NORM_KINDS = frozenset({"norm", "norm_backward", "norm_native", "norm_native_backward"})  # see :func:`norm_work`
 NATIVE_NORM_KINDS = frozenset({"norm_native", "norm_native_backward"})  # PyTorch's own batch-norm kernels
+RATE_OF = {kind: f"{kind}_rate" for kind in NATIVE_NORM_KINDS}  # their elements per SM and cycle (see :func:`element_seconds`)
 # a constant a calibration may lack (one fitted before it, or on probes that never run its kernels), and the one that
 # stands in for it: a kind's constants, attention's reduction length (a product's)
 STAND_IN: dict[str, str] = {"norm_native": "norm", "norm_native_backward": "norm_backward", "k_attention": "k"}
@@ -168,7 +170,7 @@ class Work(NamedTuple):
     on_device: bool = True  # False: all its tensors are on the host (Adam's step counts): no kernel
     issuer: Issuer = "recorded"  # who issues it, at what cost to the host (see :data:`Issuer`)
     tf32: bool = False  # float32 math allowed on TF32 tensor cores where it ran (:func:`tf32_allowed`)
-    elements: int = 0  # a pooling kernel's elements, each worked out in integer arithmetic (:func:`pool_elements`)
+    elements: int = 0  # a pooling kernel's elements (:func:`pool_elements`), a native batch norm's (:func:`norm_elements`)
     relayout: int = 0  # bytes its library's layout transforms move on tensor cores, kernels of their own (:func:`.products.relayout_bytes`)
 
 
@@ -213,7 +215,7 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         if work.reductions and per_reduction:
             rate = min(rate, work.reductions * per_reduction)
         memory = work.bytes * work.passes / rate
-        compute = max(compute, reduction_seconds(gpu, calibration, work))
+        compute = max(compute, reduction_seconds(gpu, calibration, work), element_seconds(gpu, calibration, work))
     fixed = calibration.kernel_seconds * work.kernels  # each kernel's start and finish, beside its work
     seconds = fixed + max(compute, memory) + relayout
     if fixed > max(compute, memory):
@@ -253,6 +255,22 @@ def pool_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float:
     and 0.23 of the memory's bandwidth, its backward pass at 0.21 and 0.13. 0 for a calibration without the
     kind's rate (one fitted before it: pooling priced by its bytes, as then) or a GPU whose clock is not known."""
     rate = calibration.efficiency.get(work.kind)
+    cycles = gpu.sm_count * gpu.boost_clock
+    return work.elements / (cycles * rate) if rate and cycles and work.elements else 0.0
+
+
+def element_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float:
+    """The time PyTorch's own batch-norm kernels (:data:`NATIVE_NORM_KINDS`) take over their elements
+    (:func:`norm_elements`), at the kind's rate per SM and clock cycle (``efficiency[KIND_rate]``) on every SM at
+    the boost clock: they compute in float32 whatever the input's dtype, and on a float16 or bfloat16 input that
+    arithmetic, not the bytes, is their time. Measured on an H100 and an H200 (the same SMs and clock, 1.4 times
+    the bandwidth), inference batch norm over a float16 input of 64x256x56x56 took 141 and 129 us, 1.4 and 1.5
+    elements per SM and cycle (0.43 and 0.33 of each one's bandwidth); over 4x1024x64x64, 48 and 42 us. 0 for
+    another kind, a calibration without the rate (one fitted before it: by bytes alone, as then) or a GPU whose
+    clock is not known."""
+    if work.kind not in NATIVE_NORM_KINDS:
+        return 0.0
+    rate = calibration.efficiency.get(RATE_OF[work.kind])
     cycles = gpu.sm_count * gpu.boost_clock
     return work.elements / (cycles * rate) if rate and cycles and work.elements else 0.0
 
@@ -331,16 +349,17 @@ def norm_work(name: str, args: tuple[object, ...]) -> tuple[float, int]:
     Batch norm's kernels compute in float32 and run at a rate per element, not per byte: cuDNN's take
     a float16 input (under autocast) as long as a float32 one (measured on an H200: a forward in
     training over 64x256x56x56 in float16 at 244 G elements/s, in ResNet-50's autocast step, one of
-    the held-out records; a one-layer probe over 64x256x28x28 in float32 at 245 G/s). PyTorch's own
-    kernels are priced the same way (their float16 and bfloat16 times, equal to the microsecond, cannot
-    tell elements from bytes). A narrower input's passes are scaled up to float32's bytes."""
+    the held-out records; a one-layer probe over 64x256x28x28 in float32 at 245 G/s): a narrower input's
+    passes are scaled up to float32's bytes. PyTorch's own kernels have a rate per element of their own
+    (:func:`element_seconds`, over :func:`norm_elements`): their passes are their bytes'."""
     x = as_tensor(argument(args, 1 if name.endswith("_backward") else 0))
     if x is None or x.dim() < 2:
         return 1.0, 0
     backward = name.endswith("_backward")
     passes = 5 / 3 if backward else 1.5
     if "batch_norm" in name:
-        widen = 4 / x.element_size() if x.is_floating_point() and x.element_size() < 4 else 1.0
+        narrow = x.is_floating_point() and x.element_size() < 4 and KIND_OF.get(name) not in NATIVE_NORM_KINDS
+        widen = 4 / x.element_size() if narrow else 1.0
         training = argument(args, 7 if backward else 5, True) if name != "aten.cudnn_batch_norm_backward" else True
         if name in _BATCH_NORM_EVAL or training is False:
             pixels = math.prod(x.shape[2:])
@@ -353,6 +372,16 @@ def norm_work(name: str, args: tuple[object, ...]) -> tuple[float, int]:
     normalized = argument(args, 2 if backward else 1, ())  # layer norm, RMS norm: rows of the trailing dimensions
     inner = math.prod(normalized) if isinstance(normalized, (list, tuple)) else x.shape[-1]
     return passes, max(1, x.numel() // max(1, inner))
+
+
+def norm_elements(name: str, args: tuple[object, ...]) -> int:
+    """The elements one of PyTorch's own batch-norm kernels works through (:func:`element_seconds`): its input's,
+    once per pass (:func:`norm_work`: a training forward pass's statistics and then its normalisation, the idle
+    threads of an inference pass over small planes)."""
+    x = as_tensor(argument(args, 1 if name.endswith("_backward") else 0))
+    if x is None or KIND_OF.get(name) not in NATIVE_NORM_KINDS:
+        return 0
+    return math.ceil(x.numel() * norm_work(name, args)[0])
 
 
 def foreach_kernels(tensors: int) -> int:

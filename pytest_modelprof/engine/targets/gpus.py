@@ -53,7 +53,9 @@ class Calibration:
     than the convolution's FLOPs count); ``cuda_cores``: of the CUDA cores' peak, for the math of
     other kernels; ``pool`` and ``pool_backward``: not a fraction of a peak but the elements a pooling
     kernel works through per SM and clock cycle (see :func:`.cost.pool_seconds`; where absent, pooling
-    is priced by its bytes alone). ``gemm_half``: the reduction length at which a product's tile reaches half that
+    is priced by its bytes alone); ``norm_native_rate`` and ``norm_native_backward_rate``: the same for
+    PyTorch's own batch-norm kernels (:func:`.cost.element_seconds`; where absent, by their bytes alone).
+    ``gemm_half``: the reduction length at which a product's tile reaches half that
     efficiency (``k`` on tensor cores, ``k_simt`` on CUDA cores, ``k_attention`` for attention's kernels, whose
     reduction runs over the keys: where absent, ``k``); ``tile_cost``: how much less of it a
     smaller output tile reaches (``tensor``, ``simt``; see :mod:`.products`).
@@ -117,45 +119,45 @@ UNCALIBRATED = Calibration()
 # timed one at a time on a P4, P100, T4, V100 and A100 (pytest_modelprof/data/kernel-data); its leave-one-out and
 # leave-one-GPU-out tables (benchmarks/kernel_data.py) and the held-out H200 steps (benchmarks/predicted_vs_h200.py)
 # say how far it carries to other models and GPUs. conv_backward_simt is not fitted
-# (no fp32 convolution's backward pass without TF32 was measured): a round figure. norm_native and
-# norm_native_backward (PyTorch's own batch-norm kernels, which no H100 step runs) are fitted on their own, every
-# other constant kept, on the float16 and bfloat16 batch norms of the H200's one-layer probes (h200-probes.json)
-# whose shapes no held-out step has: their efficiencies; their channels (1024, 2048) are too many for a bandwidth
-# per channel to show, so cuDNN's (norm's, norm_backward's) stands in. pool and pool_backward (elements per SM and
-# cycle) come from the H100 steps' max pools with the probes'; reduction_cycles (a layer norm's cycles a row) from
-# their layer norms with the rest.
+# (no fp32 convolution's backward pass without TF32 was measured): a round figure. norm_native_rate and
+# norm_native_backward_rate (PyTorch's own batch-norm kernels, which no H100 step runs: their elements per SM and
+# cycle) are fitted on their own, every other constant kept, on the float16 and bfloat16 batch norms of the H200's
+# one-layer probes (h200-probes.json) whose shapes no held-out step has; on those the rate, not the bytes, sets the
+# time, so their bandwidth and their bandwidth per channel are cuDNN's (norm's, norm_backward's), which stand in.
+# pool and pool_backward (elements per SM and cycle) come from the H100 steps' max pools with the probes';
+# reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest.
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.9645,
-        "conv": 0.5713,
-        "conv_backward": 0.3819,
-        "conv_narrow": 0.2662,
+        "matmul": 0.9644,
+        "conv": 0.5715,
+        "conv_backward": 0.3821,
+        "conv_narrow": 0.2658,
         "conv_narrow_backward": 0.07394,
-        "attention": 0.8221,
-        "rnn": 0.3662,
+        "attention": 0.8222,
+        "rnn": 0.3657,
         "norm": 0.8153,
-        "norm_backward": 0.6569,
-        "norm_native": 0.629,
-        "norm_native_backward": 0.9123,
-        "memory": 0.8393,
-        "matmul_simt": 0.8489,
-        "conv_simt": 1.558,
+        "norm_backward": 0.6565,
+        "norm_native_rate": 1.443,
+        "norm_native_backward_rate": 1.396,
+        "memory": 0.8378,
+        "matmul_simt": 0.8475,
+        "conv_simt": 1.557,
         "conv_backward_simt": 0.3,
-        "cuda_cores": 0.4735,
+        "cuda_cores": 0.4734,
         "pool": 1.033,
         "pool_backward": 0.3547,
     },
-    gemm_half={"k": 275.7, "k_simt": 10.59, "k_attention": 773.5},
-    tile_cost={"tensor": 4.804, "simt": 10.38},
-    reduction_bandwidth={"norm": 20.67e9, "norm_backward": 13.65e9},
-    reduction_cycles={"norm": 504.5},
-    power_exponent=1.145,
-    simt_integer=0.3458,
-    kernel_seconds=3.055e-6,
-    host_seconds=18.79e-6,
-    view_seconds=12.84e-6,
+    gemm_half={"k": 276.1, "k_simt": 10.58, "k_attention": 773.8},
+    tile_cost={"tensor": 4.837, "simt": 10.38},
+    reduction_bandwidth={"norm": 20.66e9, "norm_backward": 13.65e9},
+    reduction_cycles={"norm": 503.5},
+    power_exponent=1.147,
+    simt_integer=0.3444,
+    kernel_seconds=3.034e-6,
+    host_seconds=18.8e-6,
+    view_seconds=12.83e-6,
     calibrated=True,
-    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11), 336 operators of an H200's one-layer probes "
+    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11), 316 operators of an H200's one-layer probes "
     "and 4800 kernels timed on five GPUs (NeuSight's); PyTorch's own batch-norm kernels on the H200's probes",
 )
 
