@@ -33,9 +33,10 @@ from types import MappingProxyType
 # the host's time per op, by who issues it, over Python's with autograd recording (``benchmarks/host_cost.py``,
 # on the CPU: 0.74-0.82 under no_grad, 0.52-0.53 from autograd's engine in C++). On CUDA tensors an engine's op
 # alone costs more (1.35x a recorded one: data/gpu-truth/h200-host.json), but a step's forward pass also runs the
-# modules' Python around its ops, which no op sees: with the CUDA ratios (the host's constant refitted), the 29
-# steps of h200-b.json come out worse (median |error| 6.4%, largest 45%, against 6.3% and 20% with these), so the
-# forward's ops carry that Python here
+# modules' Python around its ops, which no op sees. Tried with the CUDA ratios (plain 0.83, engine 1.37) and the
+# host's two constants refitted on the nine H100 steps: the 29 steps of h200-b.json came out at a median |error|
+# of 7.2% (largest 26.1%), the 20 of h100-heldout.json at 9.9% (33.9%), against 7.0% (22.2%) and 8.4% (31.7%) with
+# these refitted the same way; so the forward's ops carry that Python here
 HOST_RATIO: Mapping[str, float] = MappingProxyType({"recorded": 1.0, "plain": 0.78, "engine": 0.53})
 
 
