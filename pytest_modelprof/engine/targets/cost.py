@@ -254,9 +254,14 @@ def pool_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float:
     bandwidth) a max pool over ResNet's stem takes the same time in float32 and bfloat16, on the H200 at 0.36
     and 0.23 of the memory's bandwidth, its backward pass at 0.21 and 0.13. 0 for a calibration without the
     kind's rate (one fitted before it: pooling priced by its bytes, as then) or a GPU whose clock is not known."""
-    rate = calibration.efficiency.get(work.kind)
+    return _cycle_seconds(gpu, work.elements, calibration.efficiency.get(work.kind))
+
+
+def _cycle_seconds(gpu: GPUSpec, elements: int, rate: float | None) -> float:
+    """``elements`` at ``rate`` per SM and clock cycle, on every SM at the boost clock; 0 without a rate, a clock
+    or elements."""
     cycles = gpu.sm_count * gpu.boost_clock
-    return work.elements / (cycles * rate) if rate and cycles and work.elements else 0.0
+    return elements / (cycles * rate) if rate and cycles and elements else 0.0
 
 
 def element_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float:
@@ -270,9 +275,7 @@ def element_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float
     clock is not known."""
     if work.kind not in NATIVE_NORM_KINDS:
         return 0.0
-    rate = calibration.efficiency.get(RATE_OF[work.kind])
-    cycles = gpu.sm_count * gpu.boost_clock
-    return work.elements / (cycles * rate) if rate and cycles and work.elements else 0.0
+    return _cycle_seconds(gpu, work.elements, calibration.efficiency.get(RATE_OF[work.kind]))
 
 
 def pool_elements(args: tuple[object, ...]) -> int:
