@@ -10,7 +10,7 @@ from torch import nn
 
 from pytest_modelprof import GPUS, profile
 from pytest_modelprof.cli import main
-from pytest_modelprof.engine.calibrate import errors, fit_kinds, kernel_time, key, least_squares, observe
+from pytest_modelprof.engine.calibrate import _get, errors, fit_kinds, kernel_parameters, kernel_time, key, least_squares, observe
 from pytest_modelprof.engine.probes import Probe, calibrate, measure_probe, probe_loss
 from pytest_modelprof.engine.targets.catalog import gpu_spec, load_calibration, save_calibration
 from pytest_modelprof.engine.targets.cost import StepClock, Work, kernel_seconds
@@ -65,6 +65,15 @@ def test_fitting_some_kinds_recovers_their_constants_and_keeps_every_other():
     assert (fitted.kernel_seconds, fitted.host_seconds, fitted.gemm_half) == (start.kernel_seconds, start.host_seconds, start.gemm_half)
     with pytest.raises(ValueError, match="no measured kernel of the kinds"):
         fit_kinds(start, kernels, {"conv"})
+
+
+def test_the_strided_rate_is_fitted_where_an_elementwise_kernel_takes_the_strided_path():
+    vector = Work("aten.mul", "memory", 0, 3 << 20, torch.float16, 1)
+    strided = vector._replace(elements=1 << 19)  # a broadcast operand: its elements' index arithmetic
+    assert ("efficiency", "strided_rate") not in kernel_parameters([(H100, vector)])
+    assert ("efficiency", "strided_rate") in kernel_parameters([(H100, vector), (H100, strided)])
+    # where a calibration lacks it, the fit starts from about what the H100 and H200 steps measured
+    assert 1.0 < _get(Calibration(), ("efficiency", "strided_rate")) < 16.0
 
 
 def test_operators_match_the_profilers_names_and_shapes():

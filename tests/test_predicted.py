@@ -228,6 +228,36 @@ def test_pytorchs_own_batch_norm_goes_through_its_elements_at_a_rate_per_sm_and_
     assert by_bytes == pytest.approx(work.bytes / (GPUS["h100"].bandwidth * 0.8))
 
 
+def _features(func, *args):
+    return op_features(
+        Op(func, f"aten.{func._schema.name.split('::')[1]}", args, {}, func(*args), "forward", (), None), FormulaTable(), "meta"
+    )
+
+
+def test_an_elementwise_kernel_on_the_strided_path_adds_its_index_arithmetic_to_its_bytes_by_hand():
+    """A product by a per-channel scale (an EfficientNet's squeeze-and-excitation) broadcasts one operand: PyTorch's
+    kernel works out its offset element by element, at the calibration's rate per SM and cycle, on top of the time
+    its bytes take; the same product of two tensors laid out alike loads whole vectors and is its bytes alone."""
+    aten = torch.ops.aten
+    x = torch.empty(64, 144, 56, 56, device="meta", dtype=torch.float16)
+    scale = torch.empty(64, 144, 1, 1, device="meta", dtype=torch.float16)
+    broadcast = _features(aten.mul.Tensor, x, scale)
+    alike = _features(aten.mul.Tensor, x, x)
+    assert (broadcast.kind, broadcast.elements) == ("memory", x.numel())
+    assert alike.elements == 0
+    assert _features(aten.copy_.default, torch.empty(64, 96, device="meta"), torch.empty(96, 64, device="meta").t()).elements == 64 * 96
+    assert _features(aten.add.Tensor, x, torch.empty((), dtype=torch.float16)).elements == 0  # a host scalar: an argument
+    assert _features(aten.sum.dim_IntList, x, [2, 3]).elements == 0  # a reduction, not an elementwise kernel
+    calibration = Calibration(efficiency={"memory": 0.8, "strided_rate": 4.0}, kernel_seconds=0.0)
+    gpu = GPUS["h100"]
+    by_bytes = (2 * x.numel() + scale.numel()) * 2 / (gpu.bandwidth * 0.8)
+    assert kernel_seconds(gpu, calibration, broadcast)[0] == pytest.approx(by_bytes + x.numel() / (132 * 1.98e9 * 4.0), rel=1e-6)
+    assert kernel_seconds(gpu, calibration, alike)[0] == pytest.approx(3 * x.numel() * 2 / (gpu.bandwidth * 0.8), rel=1e-6)
+    # a calibration without the rate (one fitted before it): its bytes alone
+    before = Calibration(efficiency={"memory": 0.8}, kernel_seconds=0.0)
+    assert kernel_seconds(gpu, before, broadcast)[0] == pytest.approx(by_bytes, rel=1e-6)
+
+
 def test_a_calibration_without_pytorchs_own_batch_norm_constants_prices_it_as_cudnns():
     # a calibration file written before they existed, or one fitted on probes that never run them
     calibration = Calibration(efficiency={"norm": 0.8, "norm_backward": 0.6, "memory": 0.7}, reduction_bandwidth={"norm": 20e9})

@@ -2,6 +2,7 @@
 analytic steps against the real H100 allocator figures in pytest_modelprof/data/gpu-truth."""
 
 import collections
+import dataclasses
 import functools
 import math
 import statistics
@@ -15,6 +16,7 @@ from benchmarks import gpu_truth
 from pytest_modelprof import GPUS, GPUSpec, ProfileError, profile
 from pytest_modelprof.engine.analytic.cuda import attention as kernels
 from pytest_modelprof.engine.analytic.cuda.attention import CUDNN, EFFICIENT, FLASH, MATH, sdp_backend
+from pytest_modelprof.engine.calibrate import kernel_time
 from pytest_modelprof.engine.targets import cudnn
 from pytest_modelprof.engine.targets.catalog import gpu_spec
 
@@ -289,15 +291,15 @@ def test_an_h100_step_reserves_what_the_record_reserved(name):
 
 
 def test_the_shipped_calibration_predicts_the_recorded_h100_steps_as_the_docs_say():
-    # docs/targets.md: "with the shipped fit, median error 3.7%, worst 8.7%": each step's predicted time
+    # docs/targets.md: "with the shipped fit, median error 3.6%, worst 8.5%": each step's predicted time
     # against its median measured one (20 steps timed with CUDA events), to the rounding of those figures
     errors = {
         name: abs(h100_step(name)[0].predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
         for name, record in gpu_truth.records().items()
     }
     assert len(errors) == 9
-    assert statistics.median(errors.values()) < 0.0375
-    assert max(errors.values()) < 0.0875, errors
+    assert statistics.median(errors.values()) < 0.0365
+    assert max(errors.values()) < 0.0855, errors
 
 
 # pytest_modelprof/data/gpu-truth/h200.json: twenty workloads kept out of every fit, on an H200 ---------------
@@ -338,15 +340,15 @@ def test_a_held_out_h200_step_peaks_where_the_record_peaked(name):
 
 
 def test_the_shipped_calibration_predicts_the_held_out_h200_steps_as_the_docs_say():
-    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 5.3%, worst 34.4%
+    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 5.1%, worst 33.9%
     # (benchmarks/predicted_vs_h200.py)
     errors = {
         name: abs(step.predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
         for name in HELD_OUT
         for step, record in [recorded_step("h200", name)]
     }
-    assert statistics.median(errors.values()) < 0.0535
-    assert max(errors.values()) < 0.3445, errors
+    assert statistics.median(errors.values()) < 0.0515
+    assert max(errors.values()) < 0.3395, errors
 
 
 @pytest.mark.skipif(not gpu_truth.records("h100-heldout"), reason="the held-out H100 records are not in this checkout")
@@ -387,6 +389,31 @@ def test_the_held_out_h200_steps_pooling_takes_the_time_of_its_index_arithmetic(
     assert len(ratios) >= 15
     assert statistics.median(abs(ratio - 1) for ratio in ratios.values()) < 0.1
     assert all(0.5 < ratio < 1.5 for ratio in ratios.values()), ratios
+
+
+def test_the_held_out_h200_steps_strided_elementwise_kernels_add_their_index_arithmetic():
+    # an elementwise kernel with an operand broadcast or laid out otherwise than its output (ConvNeXt's layer scale,
+    # EfficientNet's squeeze-and-excitation, Swin's shifted windows) works out each operand's offset element by
+    # element; the rate of that arithmetic is fitted with the rest on the H100 steps and the H200's probes. Here,
+    # each such operator (name and shapes) of three held-out H200 steps against its kernel time there: a median 19%
+    # off, where by their bytes alone (the calibration without the rate) they came out 37% off, 0.67 of it
+    gpu = GPUS["h200"]
+    names = [
+        "convnext_tiny-b32-train-autocast_bf16-adamw",
+        "efficientnet_b0-b64-train-autocast_fp16-adamw",
+        "swin_t-b32-train-autocast_bf16-adamw",
+    ]
+    records = gpu_truth.records("h200")
+    without = dataclasses.replace(gpu.calibration, efficiency={k: v for k, v in gpu.calibration.efficiency.items() if k != "strided_rate"})
+    ratios, before = [], []
+    for observed in gpu_truth.observed(gpu, {name: records[name] for name in names}):
+        for works, seconds in observed.matched.values():
+            if any(w.kind == "memory" and w.elements for w in works):
+                ratios.append(kernel_time(gpu, works, gpu.calibration) / seconds)
+                before.append(kernel_time(gpu, works, without) / seconds)
+    assert len(ratios) >= 50
+    assert statistics.median(abs(r - 1) for r in ratios) < 0.2
+    assert statistics.median(before) < 0.8  # (what the rate fixes)
 
 
 def test_the_held_out_h200_steps_layer_norms_take_the_time_of_their_rows():

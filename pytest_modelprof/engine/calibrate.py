@@ -150,6 +150,7 @@ ABOVE_PEAK: dict[Parameter, float] = {
     ("efficiency", "pool"): 16.0,
     ("efficiency", "pool_backward"): 16.0,
     **{("efficiency", rate): 16.0 for rate in RATE_OF.values()},
+    ("efficiency", "strided_rate"): 64.0,
 }
 
 
@@ -177,6 +178,8 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
             efficiencies.add(RATE_OF[kind])
         elif kind != "none":
             efficiencies.add(kind)
+            if kind == "memory" and work.elements:  # an elementwise kernel on the strided path: its index arithmetic
+                efficiencies.add("strided_rate")
             if kind in POOL_KINDS:  # its rate per SM and cycle, beside its bytes at the memory's
                 efficiencies.add("memory")
             if kind in NORM_KINDS:
@@ -187,7 +190,8 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
     return sorted(parameters, key=lambda p: (p[0], p[1] or ""))
 
 
-_START = {"reduction_bandwidth": 20e9, "reduction_cycles": 1000.0}  # where a parameter the calibration lacks starts
+# where a parameter the calibration lacks starts (by its table, or its name)
+_START = {"reduction_bandwidth": 20e9, "reduction_cycles": 1000.0, "strided_rate": 4.0}
 
 
 def _get(calibration: Calibration, parameter: Parameter) -> float:
@@ -197,7 +201,7 @@ def _get(calibration: Calibration, parameter: Parameter) -> float:
         return float(value)
     if name not in value and STAND_IN.get(name) in value:  # the figure that prices the kind while it has none
         return float(value[STAND_IN[name]])
-    return float(value.get(name, getattr(Calibration(), field).get(name, _START.get(field, 1.0))))
+    return float(value.get(name, getattr(Calibration(), field).get(name, _START.get(name, _START.get(field, 1.0)))))
 
 
 def _put(calibration: Calibration, values: Mapping[Parameter, float]) -> Calibration:

@@ -25,6 +25,7 @@ from ..targets.cost import (
     pool_elements,
     rnn_kernels,
     rnn_recurrent_bytes,
+    strided_elements,
     tf32_allowed,
 )
 from ..targets.gpus import GPUSpec
@@ -117,6 +118,8 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     passes, reductions = norm_work(op.name, op.args) if kind in NORM_KINDS else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
     elements = pool_elements(op.args) if kind in POOL_KINDS else norm_elements(op.name, op.args) if kind in NATIVE_NORM_KINDS else 0
+    if kind == "memory":
+        elements = strided_elements(op.name, op.func, tensors, outputs)
     who = issuer(op, tensors)
     relayout = relayout_bytes(op.name, op.args, op.out) if kind in ("conv", "conv_backward") else 0
     tf32 = tf32_allowed(kind)

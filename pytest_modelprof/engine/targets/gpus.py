@@ -55,7 +55,10 @@ class Calibration:
     other kernels; ``pool`` and ``pool_backward``: not a fraction of a peak but the elements a pooling
     kernel works through per SM and clock cycle (see :func:`.cost.pool_seconds`; where absent, pooling
     is priced by its bytes alone); ``norm_native_rate`` and ``norm_native_backward_rate``: the same for
-    PyTorch's own batch-norm kernels (:func:`.cost.element_seconds`; where absent, by their bytes alone).
+    PyTorch's own batch-norm kernels (:func:`.cost.element_seconds`; where absent, by their bytes alone);
+    ``strided_rate``: the elements per SM and cycle of an elementwise kernel's index arithmetic on PyTorch's
+    strided path, an operand broadcast or laid out otherwise than the output, which adds to its bytes' time
+    (:func:`.cost.strided_seconds`; where absent, the bytes alone).
     ``gemm_half``: the reduction length at which a product's tile reaches half that
     efficiency (``k`` on tensor cores, ``k_simt`` on CUDA cores, ``k_attention`` for attention's kernels, whose
     reduction runs over the keys: where absent, ``k``); ``tile_cost``: how much less of it a
@@ -126,37 +129,39 @@ UNCALIBRATED = Calibration()
 # one-layer probes (h200-probes.json) whose shapes no held-out step has; on those the rate, not the bytes, sets the
 # time, so their bandwidth and their bandwidth per channel are cuDNN's (norm's, norm_backward's), which stand in.
 # pool and pool_backward (elements per SM and cycle) come from the H100 steps' max pools with the probes';
-# reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest.
+# reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest, strided_rate (an elementwise
+# kernel's index arithmetic on the strided path) from the steps' and probes' broadcasts and transposing copies.
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.9644,
-        "conv": 0.5715,
-        "conv_backward": 0.3821,
-        "conv_narrow": 0.2658,
-        "conv_narrow_backward": 0.07394,
+        "matmul": 0.9640,
+        "conv": 0.5704,
+        "conv_backward": 0.3820,
+        "conv_narrow": 0.2656,
+        "conv_narrow_backward": 0.07393,
         "attention": 0.8222,
-        "rnn": 0.3657,
-        "norm": 0.8153,
-        "norm_backward": 0.6565,
+        "rnn": 0.3643,
+        "norm": 0.8145,
+        "norm_backward": 0.6557,
         "norm_native_rate": 1.443,
-        "norm_native_backward_rate": 1.396,
-        "memory": 0.8378,
-        "matmul_simt": 0.8475,
+        "norm_native_backward_rate": 1.395,
+        "memory": 0.8433,
+        "matmul_simt": 0.8473,
         "conv_simt": 1.557,
         "conv_backward_simt": 0.3,
         "cuda_cores": 0.4734,
-        "pool": 1.033,
-        "pool_backward": 0.3547,
+        "strided_rate": 4.939,
+        "pool": 1.032,
+        "pool_backward": 0.3546,
     },
-    gemm_half={"k": 276.1, "k_simt": 10.58, "k_attention": 773.8},
-    tile_cost={"tensor": 4.837, "simt": 10.38},
+    gemm_half={"k": 276.6, "k_simt": 10.57, "k_attention": 774.2},
+    tile_cost={"tensor": 4.940, "simt": 10.38},
     reduction_bandwidth={"norm": 20.66e9, "norm_backward": 13.65e9},
-    reduction_cycles={"norm": 503.5},
+    reduction_cycles={"norm": 505.4},
     power_exponent=1.147,
-    simt_integer=0.3444,
-    kernel_seconds=3.034e-6,
-    host_seconds=18.8e-6,
-    view_seconds=12.83e-6,
+    simt_integer=0.3442,
+    kernel_seconds=2.983e-6,
+    host_seconds=19.34e-6,
+    view_seconds=12.65e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11), 316 operators of an H200's one-layer probes "
     "and 4800 kernels timed on five GPUs (NeuSight's); PyTorch's own batch-norm kernels on the H200's probes",
