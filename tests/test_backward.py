@@ -6,6 +6,8 @@ gradients' existence and layout, the same FLOPs per phase and operator, and the 
 memory over time (peak, breakdown, every category's maximum).
 """
 
+from collections import Counter
+
 import pytest
 import torch
 from torch import nn
@@ -13,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pytest_modelprof import ProfileError, profile
 from pytest_modelprof.engine import workload as workload_module
+from pytest_modelprof.engine.analytic import backward as backward_module
 from pytest_modelprof.engine.analytic.backward import SavedTensors, run_backward
 
 
@@ -133,9 +136,50 @@ def test_the_python_backward_pass_gives_the_engines_figures(monkeypatch, optimiz
 
     engine = run()
     monkeypatch.setattr(workload_module.Workload, "python_backward", property(lambda self: self.fake_mode is not None))
+    # the engine never sums gradients in place into a fake tensor (a tensor subclass); the executor does where the
+    # engine would into a plain one (test_gradients_are_summed_in_place_where_the_engine_sums_a_plain_tensors)
+    monkeypatch.setattr(backward_module, "_sums_in_place", lambda grad: False)
     python = run()
     assert figures(python) == figures(engine)
     assert python.backward_flops > 0 and (python.recompute_flops > 0 or build not in (Mixed, Stacked))
+
+
+class Dense(nn.Module):
+    """DenseNet's pattern: every layer reads the concatenation of all earlier feature maps, so each map's gradient
+    is the sum of slices of the concatenations' gradients (views, which the engine adds out of place) and of the
+    convolution's that made it (into which it then adds the rest in place)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.layers = nn.ModuleList(nn.Conv2d(8 * (i + 1), 8, 3, padding=1) for i in range(4))
+
+    def forward(self, x):
+        features = [self.stem(x)]
+        for layer in self.layers:
+            features.append(torch.relu(layer(torch.cat(features, 1))))
+        return torch.cat(features, 1).mean((2, 3))
+
+
+@pytest.mark.parametrize("build", [Dense, Mixed])
+def test_gradients_are_summed_in_place_where_the_engine_sums_a_plain_tensors(build):
+    # the engine adds a further gradient of an input into the first in place where that one is dense and no one
+    # else holds it (InputBuffer::accumulate): the analytic CUDA step's adds and in-place adds against the engine's
+    # on real CPU tensors, as its profiler records them
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    model, x = build(), torch.randn(2, 3, 8, 8) if build is Dense else torch.randn(8, 3, 16, 16)
+    result = profile(model, x, train=True, device="meta", target="h100", memory=False, flops=False)
+    analytic = Counter()
+    for row in result.predicted.ops:
+        if row.phase == "backward" and row.op in ("aten.add", "aten.add_"):
+            analytic[row.op.replace(".", "::")] += row.calls
+    loss = model(x).sum()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as recorded:
+        loss.backward()
+    real = Counter(event.name for event in recorded.events() if event.name in ("aten::add", "aten::add_"))
+    assert analytic == real and real["aten::add_"] > 0
 
 
 def test_gradients_are_those_of_the_engine():

@@ -13,9 +13,9 @@ choices and the optimizers' CUDA defaults all apply) and hands the backward pass
   first of all), as the engine's CPU ready queue orders them;
 - the same kernels: each node's own backward (its C++ formula, or a custom
   ``autograd.Function``'s ``backward``) is called with the gradients the engine would
-  pass: summed when several nodes feed one input (out of place: the engine never adds
-  into a tensor subclass), cast and reduced to the input's dtype and shape as the
-  engine's ``validate_outputs`` does;
+  pass: summed when several nodes feed one input (in place into the first where the engine
+  would do so for a plain tensor, :func:`_sums_in_place`), cast and reduced to the input's
+  dtype and shape as the engine's ``validate_outputs`` does;
 - the same lifetimes: what a node saved is released once it has run (the engine's
   ``release_variables``), through saved-tensor hooks that hold each saved tensor in a
   holder keyed by the node that saved it (:class:`SavedTensors`); gradients are freed as
@@ -255,10 +255,12 @@ def _run(
     saved: SavedTensors,
 ) -> None:
     shared: set[Any] = set()  # AccumulateGrad nodes whose gradient someone else holds too
+    held: Counter[int] = Counter()  # how many inputs waiting in the buffers are each gradient (by id)
     with torch.no_grad():
         while ready:
             node = heapq.heappop(ready)[2]
             inputs = buffers.pop(node)
+            _release(held, inputs)
             with _running(node):
                 if hasattr(node, "variable"):  # AccumulateGrad
                     _accumulate(node.variable, inputs[0], stealable=node not in shared)
@@ -271,7 +273,7 @@ def _run(
                 grads = _validated_all(node, outputs)
                 del inputs, outputs
                 saved.release(node)
-                _pass_on(node, grads, repeated, buffers, shared, dependencies, ready, order)
+                _pass_on(node, grads, repeated, buffers, shared, held, dependencies, ready, order)
                 del grads
 
 
@@ -289,12 +291,14 @@ def _pass_on(
     repeated: list[bool],
     buffers: dict[Any, list[Any]],
     shared: set[Any],
+    held: Counter[int],
     dependencies: dict[Any, int],
     ready: list[tuple[int, int, Any]],
     order: Iterator[int],
 ) -> None:
     """Add ``node``'s validated gradients to its consumers' inputs; queue the consumers that have all
-    theirs. ``repeated``: which outputs the node gave a tensor it gave another output too."""
+    theirs. ``repeated``: which outputs the node gave a tensor it gave another output too; ``held``: how
+    many inputs in the buffers each gradient is (by id)."""
     for index, ((consumer, input_nr), grad) in enumerate(zip(node.next_functions, outputs)):
         if consumer is None:
             continue
@@ -304,10 +308,43 @@ def _pass_on(
         if grad is not None:
             if repeated[index]:  # one tensor given to two inputs: the engine would not steal it
                 shared.add(consumer)
-            buffer[input_nr] = grad if buffer[input_nr] is None else buffer[input_nr] + grad
+            old = buffer[input_nr]
+            if old is None:
+                buffer[input_nr] = grad
+                held[id(grad)] += 1
+            elif grad is not old and held[id(old)] == 1 and _sums_in_place(old):
+                old.add_(grad)
+            else:
+                held[id(old)] -= 1
+                buffer[input_nr] = old + grad
+                held[id(buffer[input_nr])] += 1
+            del old  # (the sum replaces it: freed now, as the engine frees it)
         dependencies[consumer] -= 1
         if dependencies[consumer] == 0:
             heapq.heappush(ready, (-consumer._sequence_nr(), next(order), consumer))
+
+
+def _release(held: Counter[int], inputs: list[Any]) -> None:
+    """A node's inputs leave the buffers (it runs): each gradient is one input fewer."""
+    for grad in inputs:
+        if grad is not None and held[id(grad)] > 1:
+            held[id(grad)] -= 1
+        elif grad is not None:
+            del held[id(grad)]
+
+
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _sums_in_place(grad: torch.Tensor) -> bool:
+    """Whether the engine adds the next gradient of an input into ``grad`` in place (``InputBuffer::accumulate``'s
+    ``can_accumulate_inplace``, for a plain tensor: a fake one is a tensor subclass, into which the engine never
+    adds): where it is dense and held by no one else, neither as another input (the caller's count) nor through
+    its storage (a view of it, or it a view: a slice of a concatenation's gradient). Its storage's count is the
+    tensor's and that of the storage object asked for it."""
+    if _storage_use_count is None or not _non_overlapping_and_dense(grad):
+        return False
+    return bool(_storage_use_count(grad.untyped_storage()._cdata) == 2)
 
 
 def _dependencies(root: Any) -> dict[Any, int]:
