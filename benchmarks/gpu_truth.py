@@ -21,6 +21,7 @@ import torch
 
 from pytest_modelprof.engine.calibrate import Observed, observe
 from pytest_modelprof.engine.targets import cudnn
+from pytest_modelprof.engine.targets.cost import Work
 from pytest_modelprof.engine.targets.gpus import GPUSpec
 
 TRUTH = Path(__file__).resolve().parents[1] / "pytest_modelprof" / "data" / "gpu-truth"
@@ -106,3 +107,46 @@ def workload(name: str) -> tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]:
         model = model.to(dtype)
     keywords = {"train": train, "optimizer": OPTIMIZERS[opt_name](model.parameters()), "autocast": autocast, "loss_fn": module.loss_of}
     return model, make_x("meta", dtype or torch.float32), keywords
+
+
+def layout_kernels(gpu: GPUSpec) -> list[tuple[GPUSpec, list[Work], float]]:
+    """The elementwise kernels of ``layout_probes.py`` measured on ``gpu`` (``{gpu.name}-layout.json``): each its
+    op's work as a profile reads it (vector and strided path alike) and its median kernel seconds, as ``calibrate.fit``
+    takes operators; the reductions, which the cost model prices by their bytes alone, left out. Empty where the
+    file is not here."""
+    from benchmarks.neusight import work_of_call  # (which imports this module)
+
+    path = TRUTH / f"{gpu.name}-layout.json"
+    if not available() or not path.exists():
+        return []
+    out = []
+    for row in json.loads(path.read_text())["rows"]:
+        if row["family"] == "strided" and row["kernel_us_median"]:
+            func, args = _layout_call(row["case"], row["shape"], getattr(torch, row["dtype"]))
+            out.append((gpu, [work_of_call(func, args)], row["kernel_us_median"] * 1e-6))
+    return out
+
+
+def _layout_call(case: str, shape: list[int], dtype: torch.dtype) -> tuple[Any, tuple[Any, ...]]:
+    """The ATen op and meta arguments of a ``layout_probes.py`` case."""
+    aten = torch.ops.aten
+
+    def meta(*size: int) -> torch.Tensor:
+        return torch.empty(*size, device="meta", dtype=dtype)
+
+    n, c, *rest = shape
+    if case in ("mul_same", "add_same_3d"):
+        return (aten.mul.Tensor if case == "mul_same" else aten.add.Tensor), (meta(*shape), meta(*shape))
+    if case == "mul_scale_nc11":
+        return aten.mul.Tensor, (meta(*shape), meta(n, c, 1, 1))
+    if case == "mul_scale_c11":
+        return aten.mul.Tensor, (meta(*shape), meta(c, 1, 1))
+    if case == "div_expanded":
+        return aten.div.Scalar, (meta(n, c, 1, 1).expand(*shape), float(rest[0] * rest[1]))
+    if case == "copy_nchw_to_nhwc":
+        source = meta(*shape)
+        return aten.copy_.default, (torch.empty_like(source, memory_format=torch.channels_last), source)
+    if case in ("add_transposed_3d", "copy_transposed_3d"):
+        transposed = meta(c, n, *rest).transpose(0, 1)
+        return (aten.add.Tensor if case.startswith("add") else aten.copy_.default), (meta(*shape), transposed)
+    raise ValueError(f"unknown layout_probes.py case {case!r}")

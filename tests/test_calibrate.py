@@ -67,13 +67,15 @@ def test_fitting_some_kinds_recovers_their_constants_and_keeps_every_other():
         fit_kinds(start, kernels, {"conv"})
 
 
-def test_the_strided_rate_is_fitted_where_an_elementwise_kernel_takes_the_strided_path():
+def test_the_strided_constants_are_fitted_where_an_elementwise_kernel_takes_the_strided_path():
     vector = Work("aten.mul", "memory", 0, 3 << 20, torch.float16, 1)
     strided = vector._replace(elements=1 << 19)  # a broadcast operand: its elements' index arithmetic
-    assert ("efficiency", "strided_rate") not in kernel_parameters([(H100, vector)])
-    assert ("efficiency", "strided_rate") in kernel_parameters([(H100, vector), (H100, strided)])
-    # where a calibration lacks it, the fit starts from about what the H100 and H200 steps measured
+    strided_constants = {("efficiency", "strided_rate"), ("efficiency", "strided_byte_cycles")}
+    assert not strided_constants & set(kernel_parameters([(H100, vector)]))
+    assert strided_constants <= set(kernel_parameters([(H100, vector), (H100, strided)]))
+    # where a calibration lacks them, the fit starts from about what the H100 and H200 probes measured
     assert 1.0 < _get(Calibration(), ("efficiency", "strided_rate")) < 16.0
+    assert 0.01 < _get(Calibration(), ("efficiency", "strided_byte_cycles")) < 1.0
 
 
 def test_operators_match_the_profilers_names_and_shapes():

@@ -234,10 +234,11 @@ def _features(func, *args):
     )
 
 
-def test_an_elementwise_kernel_on_the_strided_path_adds_its_index_arithmetic_to_its_bytes_by_hand():
+def test_an_elementwise_kernel_on_the_strided_path_takes_the_time_its_sms_take_by_hand():
     """A product by a per-channel scale (an EfficientNet's squeeze-and-excitation) broadcasts one operand: PyTorch's
-    kernel works out its offset element by element, at the calibration's rate per SM and cycle, on top of the time
-    its bytes take; the same product of two tensors laid out alike loads whole vectors and is its bytes alone."""
+    kernel works out its offset element by element, and where its elements and bytes take the SMs longer (at the
+    calibration's rate and cycles a byte) than the bytes take the memory, that is its time; the same product of
+    two tensors laid out alike loads whole vectors and is its bytes alone."""
     aten = torch.ops.aten
     x = torch.empty(64, 144, 56, 56, device="meta", dtype=torch.float16)
     scale = torch.empty(64, 144, 1, 1, device="meta", dtype=torch.float16)
@@ -248,11 +249,18 @@ def test_an_elementwise_kernel_on_the_strided_path_adds_its_index_arithmetic_to_
     assert _features(aten.copy_.default, torch.empty(64, 96, device="meta"), torch.empty(96, 64, device="meta").t()).elements == 64 * 96
     assert _features(aten.add.Tensor, x, torch.empty((), dtype=torch.float16)).elements == 0  # a host scalar: an argument
     assert _features(aten.sum.dim_IntList, x, [2, 3]).elements == 0  # a reduction, not an elementwise kernel
-    calibration = Calibration(efficiency={"memory": 0.8, "strided_rate": 4.0}, kernel_seconds=0.0)
     gpu = GPUS["h100"]
-    by_bytes = (2 * x.numel() + scale.numel()) * 2 / (gpu.bandwidth * 0.8)
-    assert kernel_seconds(gpu, calibration, broadcast)[0] == pytest.approx(by_bytes + x.numel() / (132 * 1.98e9 * 4.0), rel=1e-6)
+    nbytes = (2 * x.numel() + scale.numel()) * 2
+    assert broadcast.bytes == nbytes
+    by_bytes = nbytes / (gpu.bandwidth * 0.8)
+    on_sms = (x.numel() / 1.5 + nbytes * 0.1) / (132 * 1.98e9)
+    assert on_sms > by_bytes
+    calibration = Calibration(efficiency={"memory": 0.8, "strided_rate": 1.5, "strided_byte_cycles": 0.1}, kernel_seconds=0.0)
+    assert kernel_seconds(gpu, calibration, broadcast) == (pytest.approx(on_sms, rel=1e-6), "compute")
     assert kernel_seconds(gpu, calibration, alike)[0] == pytest.approx(3 * x.numel() * 2 / (gpu.bandwidth * 0.8), rel=1e-6)
+    # on a GPU whose memory is slower than its SMs' work (an L4), the bytes: the larger of the two, not their sum
+    slow = dataclasses.replace(gpu, bandwidth=gpu.bandwidth / 10)
+    assert kernel_seconds(slow, calibration, broadcast) == (pytest.approx(by_bytes * 10, rel=1e-6), "memory")
     # a calibration without the rate (one fitted before it): its bytes alone
     before = Calibration(efficiency={"memory": 0.8}, kernel_seconds=0.0)
     assert kernel_seconds(gpu, before, broadcast)[0] == pytest.approx(by_bytes, rel=1e-6)

@@ -178,8 +178,8 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
             efficiencies.add(RATE_OF[kind])
         elif kind != "none":
             efficiencies.add(kind)
-            if kind == "memory" and work.elements:  # an elementwise kernel on the strided path: its index arithmetic
-                efficiencies.add("strided_rate")
+            if kind == "memory" and work.elements:  # an elementwise kernel on the strided path: its SMs' work
+                efficiencies.update(("strided_rate", "strided_byte_cycles"))
             if kind in POOL_KINDS:  # its rate per SM and cycle, beside its bytes at the memory's
                 efficiencies.add("memory")
             if kind in NORM_KINDS:
@@ -191,7 +191,7 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
 
 
 # where a parameter the calibration lacks starts (by its table, or its name)
-_START = {"reduction_bandwidth": 20e9, "reduction_cycles": 1000.0, "strided_rate": 4.0}
+_START = {"reduction_bandwidth": 20e9, "reduction_cycles": 1000.0, "strided_rate": 4.0, "strided_byte_cycles": 0.05}
 
 
 def _get(calibration: Calibration, parameter: Parameter) -> float:

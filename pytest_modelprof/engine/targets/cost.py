@@ -23,9 +23,9 @@ weights are half precision, cuDNN's being taken for float32) are slower than cuD
 have constants of their own: their elements go through the SMs at a rate per cycle whatever their bytes
 (:func:`element_seconds`). A convolution with few input channels per group (depthwise, or a first layer
 on RGB pixels) runs off the tensor cores (``conv_narrow``). Pooling is bound by the integer
-arithmetic that finds each element's window, not by its bytes (:func:`pool_seconds`), and an elementwise
+arithmetic that finds each element's window, not by its bytes (:func:`pool_seconds`), and so is an elementwise
 kernel with an operand broadcast or laid out otherwise than its output (a per-channel scale, a transposing
-copy) adds its index arithmetic to its bytes (:func:`strided_seconds`).
+copy), where it works element by element (:func:`strided_seconds`).
 
 The step is simulated on two clocks, as eager PyTorch runs it: the host issues ops one after
 another, each at a cost by who issues it (:data:`Issuer`: Python with autograd recording, Python
@@ -220,9 +220,9 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         if work.reductions and per_reduction:
             rate = min(rate, work.reductions * per_reduction)
         memory = work.bytes * work.passes / rate
-        if kind == "memory":  # an elementwise kernel on the strided path: its index arithmetic, beside its bytes
-            memory += strided_seconds(gpu, calibration, work)
-        compute = max(compute, reduction_seconds(gpu, calibration, work), element_seconds(gpu, calibration, work))
+        # what the SMs do, where it outlasts the bytes: a layer norm's rows, a native batch norm's elements, a strided kernel's
+        on_sms = (reduction_seconds, element_seconds, strided_seconds)
+        compute = max(compute, *(seconds_of(gpu, calibration, work) for seconds_of in on_sms))
     fixed = calibration.kernel_seconds * work.kernels  # each kernel's start and finish, beside its work
     seconds = fixed + max(compute, memory) + relayout
     if fixed > max(compute, memory):
@@ -286,18 +286,23 @@ def element_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float
 
 
 def strided_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float:
-    """The time an elementwise kernel on PyTorch's strided path spends on its index arithmetic, beside its bytes
-    (:func:`strided_elements`: an operand broadcast, or laid out otherwise than the output): its elements at
-    ``efficiency["strided_rate"]`` per SM and clock cycle, on every SM at the boost clock. Where every operand is
+    """The time an elementwise kernel on PyTorch's strided path takes on its SMs (:func:`strided_elements`: an
+    operand broadcast, or laid out otherwise than the output), which bounds it where the memory does not: its
+    elements at ``efficiency["strided_rate"]`` per SM and clock cycle, and its bytes at
+    ``efficiency["strided_byte_cycles"]`` cycles each, on every SM at the boost clock. Where every operand is
     laid out as the output, PyTorch's kernels load and store whole vectors and run at the bandwidth; otherwise
-    each thread works out each operand's offset from the element's index, dimension by dimension, one element at
-    a time, and that arithmetic adds to the memory's time rather than hiding behind it. Measured in the H100 and
-    H200 steps (data/gpu-truth), a product by a per-channel scale (ConvNeXt's layer scale, an
-    EfficientNet's squeeze-and-excitation) went through 1.8 elements per SM and cycle in float16 and 1.2 in
-    float32, 0.55 and 0.85 cycles an element: a fixed 0.28 cycles plus the bytes at about the bandwidth. 0 for
-    a kernel on the vector path, a calibration without the rate (one fitted before it) or a GPU whose clock is
-    not known."""
-    return _cycle_seconds(gpu, work.elements, calibration.efficiency.get("strided_rate"))
+    each thread works out each operand's offset from the element's index, dimension by dimension, and loads and
+    stores one element at a time. Measured on an H100 and an H200 (the same SMs and clock, bandwidths 1.4 times
+    apart: data/gpu-truth/h100-layout.json, h200-layout.json), a float16 product by a per-channel scale over 64 M
+    elements took 176 and 165 us (1.5 elements per SM and cycle), in float32 228 and 201 us (1.1 and 1.3), a
+    mean's gradient (read through a stride-0 expansion) 114 us on both: the SMs, not the memory, set the time.
+    0 for a kernel on the vector path, a calibration without the rate (one fitted before it) or a GPU whose
+    clock is not known."""
+    rate = calibration.efficiency.get("strided_rate")
+    cycles = gpu.sm_count * gpu.boost_clock
+    if not rate or not cycles or not work.elements:
+        return 0.0
+    return (work.elements / rate + work.bytes * calibration.efficiency.get("strided_byte_cycles", 0.0)) / cycles
 
 
 def pool_elements(args: tuple[object, ...]) -> int:

@@ -56,9 +56,9 @@ class Calibration:
     kernel works through per SM and clock cycle (see :func:`.cost.pool_seconds`; where absent, pooling
     is priced by its bytes alone); ``norm_native_rate`` and ``norm_native_backward_rate``: the same for
     PyTorch's own batch-norm kernels (:func:`.cost.element_seconds`; where absent, by their bytes alone);
-    ``strided_rate``: the elements per SM and cycle of an elementwise kernel's index arithmetic on PyTorch's
-    strided path, an operand broadcast or laid out otherwise than the output, which adds to its bytes' time
-    (:func:`.cost.strided_seconds`; where absent, the bytes alone).
+    ``strided_rate`` and ``strided_byte_cycles``: the elements per SM and cycle, and the SM cycles per byte, of an
+    elementwise kernel on PyTorch's strided path (an operand broadcast or laid out otherwise than the output),
+    whose SMs' work bounds it where the bytes do not (:func:`.cost.strided_seconds`; where absent, the bytes alone).
     ``gemm_half``: the reduction length at which a product's tile reaches half that
     efficiency (``k`` on tensor cores, ``k_simt`` on CUDA cores, ``k_attention`` for attention's kernels, whose
     reduction runs over the keys: where absent, ``k``); ``tile_cost``: how much less of it a
@@ -129,42 +129,45 @@ UNCALIBRATED = Calibration()
 # one-layer probes (h200-probes.json) whose shapes no held-out step has; on those the rate, not the bytes, sets the
 # time, so their bandwidth and their bandwidth per channel are cuDNN's (norm's, norm_backward's), which stand in.
 # pool and pool_backward (elements per SM and cycle) come from the H100 steps' max pools with the probes';
-# reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest, strided_rate (an elementwise
-# kernel's index arithmetic on the strided path) from the steps' and probes' broadcasts and transposing copies.
+# reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest; strided_rate and
+# strided_byte_cycles (an elementwise kernel's work on its SMs on the strided path) with the rest, the elementwise
+# kernels an H100 ran by their operands' layout (h100-layout.json) among the operators.
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.9640,
-        "conv": 0.5704,
-        "conv_backward": 0.3820,
-        "conv_narrow": 0.2656,
-        "conv_narrow_backward": 0.07393,
-        "attention": 0.8222,
-        "rnn": 0.3643,
-        "norm": 0.8145,
-        "norm_backward": 0.6557,
-        "norm_native_rate": 1.443,
+        "matmul": 0.964,
+        "conv": 0.5689,
+        "conv_backward": 0.3824,
+        "conv_narrow": 0.2657,
+        "conv_narrow_backward": 0.07392,
+        "attention": 0.8214,
+        "rnn": 0.3631,
+        "norm": 0.8132,
+        "norm_backward": 0.6546,
+        "norm_native_rate": 1.442,
         "norm_native_backward_rate": 1.395,
-        "memory": 0.8433,
-        "matmul_simt": 0.8473,
-        "conv_simt": 1.557,
+        "memory": 0.8531,
+        "matmul_simt": 0.8486,
+        "conv_simt": 1.558,
         "conv_backward_simt": 0.3,
-        "cuda_cores": 0.4734,
-        "strided_rate": 4.939,
-        "pool": 1.032,
+        "cuda_cores": 0.4733,
+        "strided_rate": 2.732,
+        "strided_byte_cycles": 0.06508,
+        "pool": 1.031,
         "pool_backward": 0.3546,
     },
-    gemm_half={"k": 276.6, "k_simt": 10.57, "k_attention": 774.2},
-    tile_cost={"tensor": 4.940, "simt": 10.38},
-    reduction_bandwidth={"norm": 20.66e9, "norm_backward": 13.65e9},
-    reduction_cycles={"norm": 505.4},
-    power_exponent=1.147,
-    simt_integer=0.3442,
-    kernel_seconds=2.983e-6,
-    host_seconds=19.34e-6,
-    view_seconds=12.65e-6,
+    gemm_half={"k": 277.0, "k_simt": 10.57, "k_attention": 771.4},
+    tile_cost={"tensor": 5.246, "simt": 10.4},
+    reduction_bandwidth={"norm": 20.65e9, "norm_backward": 13.65e9},
+    reduction_cycles={"norm": 508.5},
+    power_exponent=1.145,
+    simt_integer=0.3453,
+    kernel_seconds=2.915e-6,
+    host_seconds=18.91e-6,
+    view_seconds=12.82e-6,
     calibrated=True,
-    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11), 316 operators of an H200's one-layer probes "
-    "and 4800 kernels timed on five GPUs (NeuSight's); PyTorch's own batch-norm kernels on the H200's probes",
+    source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11), 316 operators of an H200's one-layer probes, "
+    "144 elementwise kernels of an H100's layout probes and 4800 kernels timed on five GPUs (NeuSight's); PyTorch's own "
+    "batch-norm kernels on the H200's probes",
 )
 
 
