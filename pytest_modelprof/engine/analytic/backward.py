@@ -14,7 +14,7 @@ choices and the optimizers' CUDA defaults all apply) and hands the backward pass
 - the same kernels: each node's own backward (its C++ formula, or a custom
   ``autograd.Function``'s ``backward``) is called with the gradients the engine would
   pass: summed when several nodes feed one input (in place into the first where the engine
-  would do so for a plain tensor, :func:`_sums_in_place`), cast and reduced to the input's
+  would do so for a plain tensor, :class:`_Holders`), cast and reduced to the input's
   dtype and shape as the engine's ``validate_outputs`` does;
 - the same lifetimes: what a node saved is released once it has run (the engine's
   ``release_variables``), through saved-tensor hooks that hold each saved tensor in a
@@ -234,6 +234,8 @@ def run_backward(loss: torch.Tensor, saved: SavedTensors) -> None:
     seed = torch.ones_like(loss, memory_format=torch.preserve_format)
     dependencies = _dependencies(root)
     buffers: dict[Any, list[Any]] = {root: [seed]}
+    holders = _Holders(pinned=seed)
+    holders.hold(seed)
     order = itertools.count()
     ready: list[tuple[int, int, Any]] = [(-root._sequence_nr(), next(order), root)]
     # code that keys its state by the graph task (non-reentrant checkpointing recomputes
@@ -242,25 +244,25 @@ def run_backward(loss: torch.Tensor, saved: SavedTensors) -> None:
     stock_task_id = torch._C._current_graph_task_id
     torch._C._current_graph_task_id = lambda: task
     try:
-        _run(buffers, dependencies, ready, order, saved)
+        _run(buffers, holders, dependencies, ready, order, saved)
     finally:
         torch._C._current_graph_task_id = stock_task_id
 
 
 def _run(
     buffers: dict[Any, list[Any]],
+    holders: _Holders,
     dependencies: dict[Any, int],
     ready: list[tuple[int, int, Any]],
     order: Iterator[int],
     saved: SavedTensors,
 ) -> None:
     shared: set[Any] = set()  # AccumulateGrad nodes whose gradient someone else holds too
-    held: Counter[int] = Counter()  # how many inputs waiting in the buffers are each gradient (by id)
     with torch.no_grad():
         while ready:
             node = heapq.heappop(ready)[2]
             inputs = buffers.pop(node)
-            _release(held, inputs)
+            holders.release_all(inputs)
             with _running(node):
                 if hasattr(node, "variable"):  # AccumulateGrad
                     _accumulate(node.variable, inputs[0], stealable=node not in shared)
@@ -273,7 +275,7 @@ def _run(
                 grads = _validated_all(node, outputs)
                 del inputs, outputs
                 saved.release(node)
-                _pass_on(node, grads, repeated, buffers, shared, held, dependencies, ready, order)
+                _pass_on(node, grads, repeated, buffers, shared, holders, dependencies, ready, order)
                 del grads
 
 
@@ -291,14 +293,14 @@ def _pass_on(
     repeated: list[bool],
     buffers: dict[Any, list[Any]],
     shared: set[Any],
-    held: Counter[int],
+    holders: _Holders,
     dependencies: dict[Any, int],
     ready: list[tuple[int, int, Any]],
     order: Iterator[int],
 ) -> None:
     """Add ``node``'s validated gradients to its consumers' inputs; queue the consumers that have all
-    theirs. ``repeated``: which outputs the node gave a tensor it gave another output too; ``held``: how
-    many inputs in the buffers each gradient is (by id)."""
+    theirs. ``repeated``: which outputs the node gave a tensor it gave another output too; ``holders``: who
+    holds the gradients in the buffers."""
     for index, ((consumer, input_nr), grad) in enumerate(zip(node.next_functions, outputs)):
         if consumer is None:
             continue
@@ -311,40 +313,61 @@ def _pass_on(
             old = buffer[input_nr]
             if old is None:
                 buffer[input_nr] = grad
-                held[id(grad)] += 1
-            elif grad is not old and held[id(old)] == 1 and _sums_in_place(old):
+                holders.hold(grad)
+            elif holders.sums_in_place(old, grad):
                 old.add_(grad)
             else:
-                held[id(old)] -= 1
+                holders.release(old)
                 buffer[input_nr] = old + grad
-                held[id(buffer[input_nr])] += 1
+                holders.hold(buffer[input_nr])
             del old  # (the sum replaces it: freed now, as the engine frees it)
         dependencies[consumer] -= 1
         if dependencies[consumer] == 0:
             heapq.heappush(ready, (-consumer._sequence_nr(), next(order), consumer))
 
 
-def _release(held: Counter[int], inputs: list[Any]) -> None:
-    """A node's inputs leave the buffers (it runs): each gradient is one input fewer."""
-    for grad in inputs:
-        if grad is not None and held[id(grad)] > 1:
-            held[id(grad)] -= 1
-        elif grad is not None:
-            del held[id(grad)]
+class _Holders:
+    """Who holds each gradient waiting in the buffers, for the rule by which autograd's engine sums a further
+    gradient of an input into the first in place (``InputBuffer::accumulate``'s ``can_accumulate_inplace``, for
+    a plain tensor: a fake one is a tensor subclass, into which the engine never adds): where the first is dense
+    and the last reference to its storage. Here: no other input in the buffers is it, or a view of it; it is not
+    a view itself (a slice of a concatenation's gradient); and nothing outside the pass holds it (``pinned``: the
+    loss's gradient, which the caller holds until the pass ends). A custom ``autograd.Function`` that keeps a
+    gradient it returns is not seen: the engine would add out of place there, the executor in place."""
+
+    def __init__(self, pinned: torch.Tensor) -> None:
+        self.inputs: Counter[int] = Counter()  # by a gradient's id: the inputs in the buffers that are it
+        self.views: Counter[int] = Counter()  # by a tensor's id: the inputs in the buffers that are views of it
+        self.pinned = id(pinned)  # (alive through the pass: its id is not reused)
+
+    def hold(self, grad: torch.Tensor) -> None:
+        self.inputs[id(grad)] += 1
+        if grad._base is not None:  # (the view keeps its base alive: the base's id is not reused)
+            self.views[id(grad._base)] += 1
+
+    def release(self, grad: torch.Tensor) -> None:
+        _decrement(self.inputs, id(grad))
+        if grad._base is not None:
+            _decrement(self.views, id(grad._base))
+
+    def release_all(self, inputs: list[Any]) -> None:
+        """A node's inputs leave the buffers (it runs)."""
+        for grad in inputs:
+            if grad is not None:
+                self.release(grad)
+
+    def sums_in_place(self, old: torch.Tensor, grad: torch.Tensor) -> bool:
+        """Whether the engine would add ``grad`` into ``old``, an input's first gradient, in place."""
+        key = id(old)
+        alone = self.inputs[key] == 1 and not self.views[key] and key != self.pinned and grad is not old
+        return alone and old._base is None and _non_overlapping_and_dense(old)
 
 
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _sums_in_place(grad: torch.Tensor) -> bool:
-    """Whether the engine adds the next gradient of an input into ``grad`` in place (``InputBuffer::accumulate``'s
-    ``can_accumulate_inplace``, for a plain tensor: a fake one is a tensor subclass, into which the engine never
-    adds): where it is dense and held by no one else, neither as another input (the caller's count) nor through
-    its storage (a view of it, or it a view: a slice of a concatenation's gradient). Its storage's count is the
-    tensor's and that of the storage object asked for it."""
-    if _storage_use_count is None or not _non_overlapping_and_dense(grad):
-        return False
-    return bool(_storage_use_count(grad.untyped_storage()._cdata) == 2)
+def _decrement(counter: Counter[int], key: int) -> None:
+    if counter[key] > 1:
+        counter[key] -= 1
+    else:
+        del counter[key]
 
 
 def _dependencies(root: Any) -> dict[Any, int]:

@@ -300,7 +300,7 @@ def strided_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float
     clock is not known."""
     rate = calibration.efficiency.get("strided_rate")
     cycles = gpu.sm_count * gpu.boost_clock
-    if not rate or not cycles or not work.elements:
+    if work.kind != "memory" or not rate or not cycles or not work.elements:  # (a native batch norm's are its own)
         return 0.0
     return (work.elements / rate + work.bytes * calibration.efficiency.get("strided_byte_cycles", 0.0)) / cycles
 
