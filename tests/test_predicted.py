@@ -249,6 +249,13 @@ def test_an_elementwise_kernel_on_the_strided_path_takes_the_time_its_sms_take_b
     assert _features(aten.copy_.default, torch.empty(64, 96, device="meta"), torch.empty(96, 64, device="meta").t()).elements == 64 * 96
     assert _features(aten.add.Tensor, x, torch.empty((), dtype=torch.float16)).elements == 0  # a host scalar: an argument
     assert _features(aten.sum.dim_IntList, x, [2, 3]).elements == 0  # a reduction, not an elementwise kernel
+    # size-1 dimensions' strides do not matter; a slice with gaps takes the strided path whatever its operands
+    row = torch.empty(8, 1, 16, device="meta")
+    assert _features(aten.add.Tensor, row, torch.empty(8, 16, 1, device="meta").transpose(1, 2)).elements == 0
+    sliced = torch.empty(8, 32, device="meta")[:, :16]
+    assert _features(aten.mul.Tensor, sliced, sliced).elements == 8 * 16
+    # a copy from the host: no elementwise kernel
+    assert _features(aten.copy_.default, torch.empty(96, 64, device="meta"), torch.empty(64, 96).t()).elements == 0
     gpu = GPUS["h100"]
     nbytes = (2 * x.numel() + scale.numel()) * 2
     assert broadcast.bytes == nbytes

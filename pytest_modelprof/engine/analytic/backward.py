@@ -48,6 +48,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..errors import ProfileError
+from ..ops.iteration import non_overlapping_and_dense
 
 _peek_sequence_nr = torch.autograd._get_sequence_nr  # type: ignore[attr-defined]
 _autograd: Any = torch._C._autograd
@@ -360,7 +361,7 @@ class _Holders:
         """Whether the engine would add ``grad`` into ``old``, an input's first gradient, in place."""
         key = id(old)
         alone = self.inputs[key] == 1 and not self.views[key] and key != self.pinned and grad is not old
-        return alone and old._base is None and _non_overlapping_and_dense(old)
+        return alone and old._base is None and non_overlapping_and_dense(old)
 
 
 def _decrement(counter: Counter[int], key: int) -> None:
@@ -469,7 +470,7 @@ def _accumulate(param: torch.Tensor, grad: torch.Tensor | None, stealable: bool)
 
 def _obeys_layout(grad: torch.Tensor, param: torch.Tensor) -> bool:
     """The gradient layout contract: ``.grad`` has the parameter's strides (dense parameters) or is contiguous."""
-    if not _non_overlapping_and_dense(param):
+    if not non_overlapping_and_dense(param):
         return grad.is_contiguous()
     for size, stride, wanted in zip(grad.shape, grad.stride(), param.stride()):
         if size != 1 and stride != wanted:
@@ -480,16 +481,6 @@ def _obeys_layout(grad: torch.Tensor, param: torch.Tensor) -> bool:
 
 
 def _in_layout_of(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    if _non_overlapping_and_dense(param):
+    if non_overlapping_and_dense(param):
         return torch.empty_strided(param.shape, param.stride(), dtype=param.dtype, device=param.device).copy_(grad)
     return grad.clone(memory_format=torch.contiguous_format)
-
-
-def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill its storage span exactly once, in some order of its dimensions."""
-    expected = 1
-    for stride, size in sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True

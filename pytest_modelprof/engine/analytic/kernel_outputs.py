@@ -70,6 +70,7 @@ from torch._prims_common import make_contiguous_strides_for, suggest_memory_form
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..ops import REDUCED_LOSSES, REGISTRY, bound_arguments, reorder_dimensions
+from ..ops.iteration import non_overlapping_and_dense
 from .layers import Layer
 
 aten = torch.ops.aten
@@ -377,7 +378,7 @@ def elementwise_strides(func: Any, args: Any, kwargs: dict[str, Any], shape: tup
         if ndim == 4 and all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors):  # 2-d channels-last only
             _, c, h, w = shape
             return (h * w * c, 1, w * c, c)
-        if all(_dense(t) for t in tensors) and len({stride for _, stride, _ in operands}) == 1:
+        if all(non_overlapping_and_dense(t) for t in tensors) and len({stride for _, stride, _ in operands}) == 1:
             return operands[0][1]
     # each operand's strides over the output's dimensions, 0 where it is broadcast
     strides = []
@@ -404,17 +405,6 @@ def elementwise_strides(func: Any, args: Any, kwargs: dict[str, Any], shape: tup
         result[dim] = step
         step *= shape[dim]
     return tuple(result)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: some order of its dimensions is contiguous (c10's
-    ``compute_non_overlapping_and_dense``; dimensions of size 1 have any stride)."""
-    step = 1
-    for size, stride in sorted(((size, stride) for size, stride in zip(t.shape, t.stride()) if size > 1), key=lambda pair: pair[1]):
-        if stride != step:
-            return False
-        step *= size
-    return True
 
 
 def view_strides(shape: tuple[int, ...], stride: tuple[int, ...], new_shape: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -455,7 +445,7 @@ def _laid_out(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
     if rule == "like":  # ATen's empty_like: a dense input's strides exactly (the fake one's can differ on size-1 dimensions)
         made = (
             torch.empty_strided(source.shape, source.stride(), dtype=first.dtype, device=first.device)
-            if _dense(source)
+            if non_overlapping_and_dense(source)
             else torch.empty_like(source, dtype=first.dtype)
         )
     else:

@@ -1,8 +1,10 @@
-"""TensorIterator's order of dimensions, which lays out elementwise outputs and splits reductions."""
+"""TensorIterator's order of dimensions, which lays out elementwise outputs and splits reductions; dense layouts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import torch
 
 
 def reorder_dimensions(ndim: int, should_swap: Callable[[int, int], int]) -> list[int]:
@@ -20,3 +22,13 @@ def reorder_dimensions(ndim: int, should_swap: Callable[[int, int], int]) -> lis
             elif comparison < 0:
                 break
     return order
+
+
+def non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span exactly once, in some order of its dimensions."""
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -50,6 +50,7 @@ from typing import Literal, NamedTuple, get_args
 import torch
 
 from ..ops import REGISTRY, Kernel
+from ..ops.iteration import non_overlapping_and_dense
 from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt_integer_factor
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
 
@@ -317,19 +318,25 @@ COPIES = frozenset({"aten.copy_", "aten._to_copy"})  # elementwise kernels that 
 def strided_elements(name: str, func: object, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> int:
     """An elementwise op's elements where its kernel takes PyTorch's strided path (:func:`strided_seconds`): its
     largest output's, where one of its tensors is not laid out as that output (broadcast to it, a per-channel
-    scale; transposed, a copy into another layout); 0 where every tensor is (the vector path), and for an op
-    that is not elementwise (ATen's ``pointwise`` tag, and the copies). A 0-d tensor on the host is a scalar
-    argument of the kernel, not an operand."""
+    scale; transposed, a copy into another layout) or the output has gaps (a slice); 0 where every tensor is laid
+    out as a dense output (the vector path), for a copy between devices, and for an op that is not elementwise
+    (ATen's ``pointwise`` tag, and the copies). A 0-d tensor on the host is a scalar argument of the kernel, not
+    an operand."""
     if not outputs or (name not in COPIES and torch.Tag.pointwise not in getattr(func, "tags", ())):
         return 0
     out = max(outputs, key=lambda t: t.numel())
-    shape, stride = out.shape, out.stride()
-    for t in tensors:
-        if t.dim() == 0 and t.device.type == "cpu":
-            continue
-        if t.shape != shape or t.stride() != stride:
-            return out.numel()
+    operands = [t for t in tensors if t.dim() or t.device.type != "cpu"]
+    if any(t.device != out.device for t in operands):  # a copy between devices: no elementwise kernel
+        return 0
+    layout = _layout(out)
+    if not non_overlapping_and_dense(out) or any(t.shape != out.shape or _layout(t) != layout for t in operands):
+        return out.numel()
     return 0
+
+
+def _layout(t: torch.Tensor) -> list[tuple[int, int]]:
+    """``t``'s sizes and strides but for its size-1 dimensions, whose strides do not matter."""
+    return [(size, stride) for size, stride in zip(t.shape, t.stride()) if size != 1]
 
 
 def _batched_nn(gemm: Gemm) -> bool:
