@@ -174,6 +174,7 @@ class Seeded(nn.Module):
         return a + a * 2 + x.mean() * 0
 
 
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events:UserWarning")  # (torch 2.11's profiler, on entry)
 @pytest.mark.parametrize("build", [Dense, Mixed, Seeded])
 def test_gradients_are_summed_in_place_where_the_engine_sums_a_plain_tensors(build):
     # the engine adds a further gradient of an input into the first in place where that one is dense and no one
