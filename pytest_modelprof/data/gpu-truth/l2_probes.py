@@ -97,21 +97,25 @@ def probe(sizes, repeats):
     return rows
 
 
-def main():
-    out = sys.argv[1]
-    quick = "--quick" in sys.argv
-    sizes = SIZES_MB[:3] if quick else SIZES_MB
+def write(out, rows, repeats):
+    """``rows`` into the JSON file ``out``, after the device's name, L2 and SMs, torch's version and ``repeats``."""
     props = torch.cuda.get_device_properties(0) if DEVICE == "cuda" else None
     result = {
         "device": props.name if props else "cpu",
         "l2_bytes": getattr(props, "L2_cache_size", None) if props else None,
         "sm_count": props.multi_processor_count if props else None,
         "torch": torch.__version__,
-        "repeats": REPEATS,
-        "rows": probe(sizes, 3 if quick else REPEATS),
+        "repeats": repeats,
+        "rows": rows,
     }
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
+
+
+def main():
+    quick = "--quick" in sys.argv
+    sizes = SIZES_MB[:3] if quick else SIZES_MB
+    write(sys.argv[1], probe(sizes, 3 if quick else REPEATS), REPEATS)
 
 
 if __name__ == "__main__":

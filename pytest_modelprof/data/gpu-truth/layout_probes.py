@@ -16,13 +16,13 @@ reads; the kernel time is the profiler's, median and least of ``REPEATS`` calls.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 
 import torch
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+sys.path.insert(0, __file__.rpartition("/")[0] or ".")
+from l2_probes import DEVICE, _sync, write  # noqa: E402
 REPEATS = 10
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -36,11 +36,6 @@ def _kernel_us(prof, names):
             calls.append((event.time_range.start, sum(k.duration for k in launched), [k.name[:120] for k in launched]))
     calls.sort(key=lambda c: c[0])
     return calls
-
-
-def _sync():
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
 
 
 def _t(*shape, dtype):
@@ -123,20 +118,9 @@ def probe(sizes, repeats):
 
 
 def main():
-    out = sys.argv[1]
     quick = "--quick" in sys.argv
     sizes = (1 << 20, 1 << 22) if quick else (1 << 20, 1 << 22, 1 << 23, 1 << 24, 1 << 25, 1 << 26)
-    props = torch.cuda.get_device_properties(0) if DEVICE == "cuda" else None
-    result = {
-        "device": props.name if props else "cpu",
-        "l2_bytes": getattr(props, "L2_cache_size", None) if props else None,
-        "sm_count": props.multi_processor_count if props else None,
-        "torch": torch.__version__,
-        "repeats": REPEATS,
-        "rows": probe(sizes, 3 if quick else REPEATS),
-    }
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    write(sys.argv[1], probe(sizes, 3 if quick else REPEATS), REPEATS)
 
 
 if __name__ == "__main__":
