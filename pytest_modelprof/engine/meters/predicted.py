@@ -117,9 +117,12 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
         nbytes += rnn_recurrent_bytes(op.name, op.args)
     passes, reductions = norm_work(op.name, op.args) if kind in NORM_KINDS else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
-    elements = pool_elements(op.args) if kind in POOL_KINDS else norm_elements(op.name, op.args) if kind in NATIVE_NORM_KINDS else 0
-    if kind == "memory":
-        elements = strided_elements(op.name, op.func, tensors, outputs)
+    if kind in POOL_KINDS:
+        elements = pool_elements(op.args)
+    elif kind in NATIVE_NORM_KINDS:
+        elements = norm_elements(op.name, op.args)
+    else:
+        elements = strided_elements(op.name, op.func, tensors, outputs) if kind == "memory" else 0
     who = issuer(op, tensors)
     relayout = relayout_bytes(op.name, op.args, op.out) if kind in ("conv", "conv_backward") else 0
     tf32 = tf32_allowed(kind)

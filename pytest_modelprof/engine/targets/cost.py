@@ -222,8 +222,12 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
             rate = min(rate, work.reductions * per_reduction)
         memory = work.bytes * work.passes / rate
         # what the SMs do, where it outlasts the bytes: a layer norm's rows, a native batch norm's elements, a strided kernel's
-        on_sms = (reduction_seconds, element_seconds, strided_seconds)
-        compute = max(compute, *(seconds_of(gpu, calibration, work) for seconds_of in on_sms))
+        compute = max(
+            compute,
+            reduction_seconds(gpu, calibration, work),
+            element_seconds(gpu, calibration, work),
+            strided_seconds(gpu, calibration, work),
+        )
     fixed = calibration.kernel_seconds * work.kernels  # each kernel's start and finish, beside its work
     seconds = fixed + max(compute, memory) + relayout
     if fixed > max(compute, memory):
