@@ -58,7 +58,7 @@ class ModuleTracker:
         self.frames: list[tuple[str, nn.Module, StackKey]] = []
         self.key: StackKey = ()
         self.calls: Counter[str] = Counter()
-        self._child_names: dict[tuple[int, int], str | None] = {}
+        self._child_names: dict[int, tuple[nn.Module, dict[int, str | None]]] = {}  # a parent's id -> it, its children's names by id
         self._boundary_seqs: list[int] = []
         self._boundary_keys: list[StackKey] = []
         self._node_keys: dict[int, StackKey] = {}
@@ -97,11 +97,15 @@ class ModuleTracker:
         if not self.frames:
             return None
         parent_path, parent, _ = self.frames[-1]
-        pair = (id(parent), id(module))
-        name = self._child_names.get(pair, "")
-        if name == "":
-            name = next((n for n, child in parent._modules.items() if child is module), None)
-            self._child_names[pair] = name
+        known = self._child_names.get(id(parent))
+        if known is None or known[0] is not parent:  # (not another object at a freed one's id)
+            names: dict[int, str | None] = {}
+            for n, child in parent._modules.items():
+                names.setdefault(id(child), n)  # its first name, as a scan of the children finds it
+            known = self._child_names[id(parent)] = (parent, names)
+        name = known[1].get(id(module), "")
+        if name == "":  # not its child when first seen: one it put in since, or none of its children
+            name = known[1][id(module)] = next((n for n, child in parent._modules.items() if child is module), None)
         if name is None:
             return None
         return f"{parent_path}.{name}" if parent_path else name
