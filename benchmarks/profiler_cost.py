@@ -99,6 +99,7 @@ from pytest_modelprof.engine.meters.predicted import PredictedMeter  # noqa: E40
 from pytest_modelprof.engine.observe import blocks as blocks_module  # noqa: E402
 from pytest_modelprof.engine.observe import modules as modules_module  # noqa: E402
 from pytest_modelprof.engine.observe.dispatch import Dispatcher  # noqa: E402
+from pytest_modelprof.engine.observe.memo import STOCK_LEAVES, LeafMemo  # noqa: E402
 from pytest_modelprof.engine.observe.modules import ModuleTracker  # noqa: E402
 
 SEQUENCE = 2048
@@ -224,7 +225,7 @@ def resnet_forward() -> Workload:
         floor_title="the plain forward under torch.no_grad()",
         count=ops_of(step),
         references={"torch FlopCounterMode": lambda: _fcm_forward(model, x)},
-        ablations=[*REAL_ABLATIONS, "flop meter", "formula evaluation", "memo off"],
+        ablations=[*REAL_ABLATIONS, "flop meter", "formula evaluation", "memo off", "leaves free"],
     )
 
 
@@ -503,6 +504,27 @@ def _blocks_off() -> Any:
     return patched(blocks_module, "repeated_blocks", lambda model: [])
 
 
+def _leaves_free() -> Any:
+    """Every call of a stock leaf module run with the dispatcher off the stack and nothing recorded or replayed:
+    the leaf memo as if it cost nothing and knew every call already (its signatures, the first calls it dispatches
+    to record them and its replays gone; the figures then miss the leaves' ops)."""
+
+    def enter(self: LeafMemo, module: torch.nn.Module, args: Any, key: Any) -> None:
+        if type(module) in STOCK_LEAVES and self._active is None and self.dispatcher.on_top():
+            self.dispatcher.suspend()
+            self._active = (module, None, None, key)
+
+    def exit(self: LeafMemo, module: torch.nn.Module) -> None:
+        if self._active is not None and self._active[0] is module:
+            self._active = None
+            self.dispatcher.resume()
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(patched(LeafMemo, "enter", enter))
+    stack.enter_context(patched(LeafMemo, "exit", exit))
+    return stack
+
+
 # name -> (part, what is done, the context that does it)
 ABLATIONS: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "dispatcher pass-through": (
@@ -564,6 +586,11 @@ ABLATIONS: dict[str, tuple[str, str, Callable[[], Any]]] = {
     ),
     "memo off": ("leaf-module and block memos (a saving: negative)", "Dispatcher.replayable -> False", _memo_off),
     "block memo off": ("block memo (a saving: negative)", "no repeated block replayed (repeated_blocks -> [])", _blocks_off),
+    "leaves free": (
+        "stock leaf calls beyond a free memo (signatures, first calls dispatched, replays)",
+        "LeafMemo.enter/exit -> the dispatcher off the stack in every stock leaf, nothing recorded or replayed",
+        _leaves_free,
+    ),
     "analytic modes removed": (
         "the three analytic modes together",
         "KnownValues, KernelOutputs and Routing not entered",
