@@ -145,6 +145,26 @@ def test_a_module_swapped_in_as_the_model_runs_gets_the_figures():
     assert trained.module("attention.0").activation_bytes == 4 * F * 4  # its input (h * 2), saved for the weight gradient
 
 
+def test_a_child_renamed_as_the_model_runs_runs_at_its_new_name():
+    # the parent has run a child (so its children are known) before it moves another to a new name and calls it
+    class Renaming(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.ReLU()
+            self.old = linear()
+
+        def forward(self, h):
+            h = self.first(h)
+            if hasattr(self, "old"):
+                self.new = self.old
+                del self.old
+            return self.new(h)
+
+    result = profile(Renaming(), x(requires_grad=False))
+    assert (result.module("new").calls, result.module("new").forward_flops) == (1, LINEAR)
+    assert result.module("old").calls == 0
+
+
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 def test_checkpointing_reports_recomputation(reentrant):
     class Checkpointed(nn.Module):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import warnings
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -58,7 +59,8 @@ class ModuleTracker:
         self.frames: list[tuple[str, nn.Module, StackKey]] = []
         self.key: StackKey = ()
         self.calls: Counter[str] = Counter()
-        self._child_names: dict[int, tuple[nn.Module, dict[int, str | None]]] = {}  # a parent's id -> it, its children's names by id
+        # a parent's id -> the parent, its children's names by id
+        self._child_names: dict[int, tuple[weakref.ref[nn.Module], dict[int, str | None]]] = {}
         self._boundary_seqs: list[int] = []
         self._boundary_keys: list[StackKey] = []
         self._node_keys: dict[int, StackKey] = {}
@@ -98,13 +100,14 @@ class ModuleTracker:
             return None
         parent_path, parent, _ = self.frames[-1]
         known = self._child_names.get(id(parent))
-        if known is None or known[0] is not parent:  # (not another object at a freed one's id)
+        if known is None or known[0]() is not parent:  # (not another object at a freed one's id)
             names: dict[int, str | None] = {}
             for n, child in parent._modules.items():
                 names.setdefault(id(child), n)  # its first name, as a scan of the children finds it
-            known = self._child_names[id(parent)] = (parent, names)
+            known = self._child_names[id(parent)] = (weakref.ref(parent), names)
         name = known[1].get(id(module), "")
-        if name == "":  # not its child when first seen: one it put in since, or none of its children
+        if name == "" or (name is not None and parent._modules.get(name) is not module):
+            # not its child when first seen (one it put in since, or none of its children), or moved since
             name = known[1][id(module)] = next((n for n, child in parent._modules.items() if child is module), None)
         if name is None:
             return None
