@@ -507,7 +507,9 @@ def _blocks_off() -> Any:
 def _leaves_free() -> Any:
     """Every call of a stock leaf module run with the dispatcher off the stack and nothing recorded or replayed:
     the leaf memo as if it cost nothing and knew every call already (its signatures, the first calls it dispatches
-    to record them and its replays gone; the figures then miss the leaves' ops)."""
+    to record them and its replays gone; the figures then miss the leaves' ops). For forward passes without grad
+    (the ResNet-50 forward): it does not ask, as the memo does, whether a backward pass or a block's recording is
+    under way."""
 
     def enter(self: LeafMemo, module: torch.nn.Module, args: Any, key: Any) -> None:
         if type(module) in STOCK_LEAVES and self._active is None and self.dispatcher.on_top():
