@@ -161,6 +161,20 @@ def test_a_product_with_a_small_output_and_a_long_reduction_is_split_by_hand():
     assert kernel_seconds(GPU, calibration, attention)[0] == pytest.approx(2 * m * n * k / (1e15 * 0.8 * 16 / 100))
 
 
+def test_a_batched_product_is_never_split_by_hand():
+    """Two 128 x 128 products reduced over 2048, batched: a batched product's kernels run one block per tile
+    and batch entry whatever the reduction's length (the launch grids of NeuSight's kernel data), so in
+    64 x 64 tiles its 8 tiles take one wave on 8 of the 100 SMs, each over the whole 2048. The same two
+    products one at a time would each be split in 8 (none shorter than 256): 32 tiles in one wave."""
+    calibration = Calibration(efficiency={"matmul": 0.8, "memory": 1.0}, gemm_half={}, tile_cost={}, kernel_seconds=0.0)
+    m, n, k = 128, 128, 2048
+    flops = 2 * 2 * m * n * k
+    batched = Work("aten.bmm", "matmul", flops, 0, torch.bfloat16, 1, (Gemm(m, n, k, 1.0, 2),))
+    assert kernel_seconds(GPU, calibration, batched)[0] == pytest.approx(flops / (1e15 * 0.8 * 8 / 100))
+    single = Work("aten.mm", "matmul", flops // 2, 0, torch.bfloat16, 1, (Gemm(m, n, k),))
+    assert kernel_seconds(GPU, calibration, single)[0] == pytest.approx(flops / 2 / (1e15 * 0.8 * 32 / 100))
+
+
 def test_batch_norm_with_few_channels_is_bound_by_its_reductions_by_hand():
     """Training batch norm reduces each channel over the batch: with 16 channels, 16 reductions side
     by side move 16 x 20 GB/s, not the GPU's bandwidth; it reads its input twice (3 passes for 2)."""

@@ -4,7 +4,10 @@ A library's product (cuBLAS, cuDNN's implicit products) splits its output into t
 one tile at a time. The library picks, of the tile sizes its kernels come in (:data:`TENSOR_TILES`,
 :data:`SIMT_TILES`: their names say them, ``sm90_xmma_gemm_..._128x256``, ``ampere_sgemm_128x64_tn``), the
 one that finishes first; where too few tiles would fill the SMs and the reduction is long, it also splits the
-reduction (split-K: the splits' partial sums are added after, a pass not priced here). What that choice costs:
+reduction of a single product (split-K: the splits' partial sums are added after, a pass not priced here). A
+batched product's kernels never do: in NeuSight's kernel data (pytest_modelprof/data/kernel-data) every one of
+the 87,248 batched products timed on five GPUs ran one block per output tile and batch entry (its launch grid
+says so), however few tiles and however long the reduction. What that choice costs:
 
 - **waves**: the tiles run in waves of one per SM; the last wave's idle SMs, and the part of each edge tile
   past the output's edge, are work the GPU does for nothing (wave and tile quantisation);
@@ -85,7 +88,7 @@ def product_seconds(
             continue
         count = gemm.batch * math.ceil(gemm.m / rows) * math.ceil(gemm.n / columns)
         splits = 1
-        if split and count < sms and gemm.k >= 2 * SPLIT_LENGTH:
+        if split and gemm.batch == 1 and count < sms and gemm.k >= 2 * SPLIT_LENGTH:
             splits = max(1, min(gemm.k // SPLIT_LENGTH, sms // count))
         length = math.ceil(gemm.k / splits)
         waves = math.ceil(count * splits / sms)
