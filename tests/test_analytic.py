@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from models import TinyCNN, TinyTransformer, flop_figures, workloads
 from pytest_modelprof import profile
 from pytest_modelprof.engine.analytic import values
-from pytest_modelprof.engine.analytic.fake import detached
+from pytest_modelprof.engine.analytic.fake import detached, in_place_foreach, unsafe_viewed, writes_in_place_alone
 from pytest_modelprof.engine.ops import MARKERS, fake_device
 
 
@@ -175,6 +175,83 @@ def test_autograds_detach_of_each_saved_tensor_stops_above_the_fake_mode(monkeyp
     monkeypatch.setattr(values, "detached", lambda t: t.detach())
     assert profile(TinyCNN(), images, device="meta", train=True).to_dict() == fast
     assert torch.ops.aten.detach.default in reached  # (what is spared)
+
+
+def test_an_unsafe_view_is_made_beside_the_fake_mode_as_the_mode_makes_it(monkeypatch):
+    # a linear layer of a 3-d input folds its product back with _unsafe_view, which the fake mode makes on its
+    # uncached path: made beside it, the same tensor; the rest (not contiguous, a constant, a size that does not
+    # fit) left to the mode
+    view = torch.ops.aten._unsafe_view.default
+    with FakeTensorMode() as mode:
+        product = torch.randn(6, 8)
+        step = torch.tensor(3.0)  # a fake constant (an optimizer's step counter)
+        strided = torch.randn(8, 6).t()
+    made = unsafe_viewed(product, [2, 3, 8])
+    with mode:
+        stock = view(product, [2, 3, 8])
+    for tensor in (made, stock):
+        assert type(tensor) is FakeTensor and tensor.fake_mode is mode and tensor.constant is None
+    layout = [(x.shape, x.stride(), x.storage_offset(), x.dtype, x.device) for x in (made, stock)]
+    assert layout[0] == layout[1] == (torch.Size([2, 3, 8]), (24, 8, 1), 0, torch.float32, torch.device("cpu"))
+    assert made.untyped_storage()._cdata == stock.untyped_storage()._cdata == product.untyped_storage()._cdata
+    assert step.constant is not None and unsafe_viewed(step, [1]) is None  # (the mode works out a constant's value)
+    assert unsafe_viewed(strided, [48]) is None and unsafe_viewed(product, [5, 8]) is None
+    # in a run, it does not reach the fake mode, and every figure is as it was
+    reached = []
+    stock_dispatch = FakeTensorMode.dispatch
+    monkeypatch.setattr(FakeTensorMode, "dispatch", lambda self, func, *rest: reached.append(func) or stock_dispatch(self, func, *rest))
+    tokens = torch.randint(0, 50, (2, 12))
+    fast = profile(TinyTransformer(), tokens, device="meta", train=True).to_dict()
+    assert view not in reached
+    monkeypatch.setattr(values, "unsafe_viewed", lambda t, size: None)
+    assert profile(TinyTransformer(), tokens, device="meta", train=True).to_dict() == fast
+    assert view in reached  # (what is spared)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda params: torch.optim.AdamW(params, foreach=True),
+        lambda params: torch.optim.Adam(params, foreach=True, amsgrad=True, weight_decay=0.1),
+        lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, foreach=True),
+        lambda params: torch.optim.RMSprop(params, foreach=True, centered=True),
+    ],
+)
+def test_an_optimizers_in_place_foreach_ops_are_answered_above_the_fake_mode(monkeypatch, make):
+    # an in-place foreach op over fake tensors alike place by place makes nothing: answered without the fake mode's
+    # kernel, tensor by tensor; every figure (memory, FLOPs, the predicted step on a GPU) is as it was
+    reached = []
+    stock_dispatch = FakeTensorMode.dispatch
+    monkeypatch.setattr(FakeTensorMode, "dispatch", lambda self, func, *rest: reached.append(func) or stock_dispatch(self, func, *rest))
+    model, tokens = TinyTransformer(), torch.randint(0, 50, (2, 12))
+
+    def run() -> dict:
+        return profile(model, tokens, device="meta", train=True, optimizer=make(model.parameters()), target="h100").to_dict()
+
+    counts = torch.ops.aten._foreach_add_.Tensor  # the step counts' (constants, and a tensor added): the mode's
+    fast = run()
+    assert {f for f in reached if in_place_foreach(f)} <= {counts}
+    monkeypatch.setattr(values, "writes_in_place_alone", lambda mode, args, kwargs: False)
+    assert run() == fast
+    assert {f for f in reached if in_place_foreach(f)} - {counts}  # (what is spared)
+
+
+def test_an_in_place_foreach_op_of_operands_not_alike_is_the_fake_modes():
+    with FakeTensorMode() as mode:
+        a, b = [torch.randn(3, 4), torch.randn(5)], [torch.randn(3, 4), torch.randn(5)]
+        assert writes_in_place_alone(mode, (a, b, b, [0.1, 0.2]), {})
+        assert not writes_in_place_alone(mode, (a, b[:1], b, [0.1, 0.2]), {})  # a list too short: the mode's error
+        assert not writes_in_place_alone(mode, (a, b, b, [0.1]), {})
+        assert not writes_in_place_alone(mode, (a, [b[1], b[0]], 1.0), {})  # shapes that differ
+        assert not writes_in_place_alone(mode, (a, [t.half() for t in b], 1.0), {})
+        assert not writes_in_place_alone(mode, (a, torch.tensor(1.0)), {})  # a tensor of scalars
+        assert not writes_in_place_alone(mode, ([torch.zeros(3, dtype=torch.long)], 0.5), {})  # a float into integers
+        assert not writes_in_place_alone(mode, ([torch.randn(4, 3).t()], 2.0), {})
+        assert not writes_in_place_alone(mode, ([torch.tensor(3.0)], 1.0), {})  # a constant: the mode works out its value
+        with pytest.raises(RuntimeError):
+            torch._foreach_add_(a, [b[1], b[0]])  # the mode's own check, which a shape that differs is left to
+    assert not writes_in_place_alone(FakeTensorMode(), (a, b, 1.0), {})  # another mode's tensors
+    assert in_place_foreach(torch.ops.aten._foreach_addcdiv_.ScalarList) and not in_place_foreach(torch.ops.aten._foreach_sqrt.default)
 
 
 def test_analytic_mode_allocates_nothing():

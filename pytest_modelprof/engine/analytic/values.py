@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..ops import METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments
-from .fake import detached
+from .fake import detached, in_place_foreach, unsafe_viewed, writes_in_place_alone
 from .finiteness import EQUALITY, FINITENESS_TESTS, is_finite_number, on_finite_numbers
 from .layers import Layer, fake_mode_beneath
 from .packed import pad_packed
@@ -108,6 +108,7 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         # func -> (values computable, what it writes, whether it draws random numbers)
         self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...], bool]] = {}
         self._kinds: dict[Any, int] = {}  # op -> its kind (see _kind)
+        self._foreach: set[Any] = set()  # the in-place foreach ops among them (see fake.writes_in_place_alone)
         self._drawn: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors made from random numbers
         self._unbounded: dict[int, weakref.ref[torch.Tensor]] = {}  # unknown values that may not be finite
         self.reads = 0  # values read or sized by: a block memo (observe/blocks.py) replays no call that read one
@@ -185,6 +186,20 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         if kind == _PLAIN and self._plain(args, kwargs):  # most ops: nothing known in, nothing known out
             if func is aten.detach.default and type(args[0]) is FakeTensor and not self._followed(args[0]):
                 return detached(args[0])  # (autograd's, of each tensor it saves): only a router's follow a detach
+            if (
+                func is aten._unsafe_view.default
+                and type(args[0]) is FakeTensor
+                and not self._followed(args[0])
+                and (viewed := unsafe_viewed(args[0], args[1] if len(args) > 1 else kwargs["size"])) is not None
+            ):
+                return viewed  # (no layer beneath acts on a contiguous tensor's, nor a router's on one it does not follow)
+            if (
+                func in self._foreach
+                and torch._C._len_torch_dispatch_stack() == 1  # the fake mode alone beneath: no mode of the caller's waits for it
+                and (mode := fake_mode_beneath()) is not None
+                and writes_in_place_alone(mode, args, kwargs)
+            ):
+                return None  # (nor on an in-place foreach op, which makes nothing)
             out = self.below(func, types, args, kwargs)
             if self._decided is not None and isinstance(out, FakeTensor) and (decided := self._decided(out)) is not None:
                 self._remember(out, decided)
@@ -249,6 +264,8 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         """Passed on (a higher-order operator, a metadata query); possibly plain (see _WATCHED; no random draw); or neither."""
         if isinstance(func, HigherOrderOperator) or func in METADATA:
             return _PASSED
+        if in_place_foreach(func):
+            self._foreach.add(func)
         return _PLAIN if func not in _WATCHED and not (self._ops.get(func) or self._describe(func))[2] else _FULL
 
     def _plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
