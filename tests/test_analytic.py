@@ -252,6 +252,27 @@ def test_an_in_place_foreach_op_of_operands_not_alike_is_the_fake_modes():
             torch._foreach_add_(a, [b[1], b[0]])  # the mode's own check, which a shape that differs is left to
     assert not writes_in_place_alone(FakeTensorMode(), (a, b, 1.0), {})  # another mode's tensors
     assert in_place_foreach(torch.ops.aten._foreach_addcdiv_.ScalarList) and not in_place_foreach(torch.ops.aten._foreach_sqrt.default)
+    # an out= overload writes another list than its first, which it may resize (_foreach_norm's outputs are 0-dim)
+    assert not in_place_foreach(torch.ops.aten._foreach_norm.Scalar_out) and not in_place_foreach(torch.ops.aten._foreach_add.Scalar_out)
+
+
+def test_a_mode_of_the_callers_beneath_the_run_sees_the_ops_made_above_the_fake_mode(monkeypatch):
+    # detaches, unsafe views and in-place foreach ops are made above the fake mode only where it alone would see them
+    made_above = (torch.ops.aten.detach.default, torch.ops.aten._unsafe_view.default)
+
+    def seen() -> list:
+        model, tokens = TinyTransformer(), torch.randint(0, 50, (2, 12))
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+        with Sees() as mode:
+            profile(model, tokens, device="meta", train=True, optimizer=optimizer)
+        return sorted(str(f) for f in mode.funcs if f in made_above or in_place_foreach(f))
+
+    with_shortcuts = seen()
+    assert {"aten._unsafe_view.default", "aten.detach.default", "aten._foreach_addcdiv_.ScalarList"} <= set(with_shortcuts)
+    monkeypatch.setattr(values, "detached", lambda t: t.detach())
+    monkeypatch.setattr(values, "unsafe_viewed", lambda t, size: None)
+    monkeypatch.setattr(values, "writes_in_place_alone", lambda mode, args, kwargs: False)
+    assert seen() == with_shortcuts
 
 
 def test_analytic_mode_allocates_nothing():

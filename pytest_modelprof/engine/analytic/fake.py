@@ -305,9 +305,13 @@ def unsafe_viewed(t: FakeTensor, size: Any) -> FakeTensor | None:
 
 def in_place_foreach(func: Any) -> bool:
     """Whether ``func`` is an in-place foreach op (``_foreach_add_``, ``_foreach_addcdiv_``, ...: an optimizer's step),
-    which writes its first list and returns nothing."""
+    which writes its first list, and nothing else, and returns nothing (not an ``out=`` overload, whose outputs
+    the op may resize: ``_foreach_norm``'s are 0-dim)."""
     schema = func._schema
-    return schema.name.startswith("aten::_foreach_") and not schema.returns and schema.is_mutable
+    if not schema.name.startswith("aten::_foreach_") or schema.returns or not schema.arguments:
+        return False
+    written = [argument.alias_info is not None and argument.alias_info.is_write for argument in schema.arguments]
+    return written[0] and not any(written[1:])
 
 
 def writes_in_place_alone(mode: FakeTensorMode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -7,7 +7,8 @@ one that finishes first; where too few tiles would fill the SMs and the reductio
 reduction of a single product (split-K: the splits' partial sums are added after, a pass not priced here). A
 batched product's kernels never do: in NeuSight's kernel data (pytest_modelprof/data/kernel-data) every one of
 the 87,248 batched products timed on five GPUs ran one block per output tile and batch entry (its launch grid
-says so), however few tiles and however long the reduction. What that choice costs:
+says so), however few tiles and however long the reduction (float32 on CUDA cores; taken for tensor cores too,
+where no record has a batched product with a reduction long enough to tell). What that choice costs:
 
 - **waves**: the tiles run in waves of one per SM; the last wave's idle SMs, and the part of each edge tile
   past the output's edge, are work the GPU does for nothing (wave and tile quantisation);
