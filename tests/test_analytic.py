@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from models import TinyCNN, TinyTransformer, flop_figures, workloads
 from pytest_modelprof import profile
 from pytest_modelprof.engine.analytic import values
-from pytest_modelprof.engine.analytic.fake import detached, in_place_foreach, unsafe_viewed, writes_in_place_alone
+from pytest_modelprof.engine.analytic.beside import detached, in_place_foreach, unsafe_viewed, writes_in_place_alone
 from pytest_modelprof.engine.ops import MARKERS, fake_device
 
 

@@ -340,14 +340,14 @@ def test_a_held_out_h200_step_peaks_where_the_record_peaked(name):
 
 
 def test_the_shipped_calibration_predicts_the_held_out_h200_steps_as_the_docs_say():
-    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 4.7%, worst 34.3%
+    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 4.8%, worst 34.3%
     # (benchmarks/predicted_vs_h200.py)
     errors = {
         name: abs(step.predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
         for name in HELD_OUT
         for step, record in [recorded_step("h200", name)]
     }
-    assert statistics.median(errors.values()) < 0.0475
+    assert statistics.median(errors.values()) < 0.0485
     assert max(errors.values()) < 0.3435, errors
 
 

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import ProfileError
 from ..ops import beneath_the_run
 from ..targets.gpus import GPUSpec
+from .beside import detached
 from .inputs import Inputs, input_tensors
 
 CUDA_TARGET = torch.device("cuda", 0)  # what the fake tensors of an analytic GPU-target run claim
@@ -267,93 +268,6 @@ def to_fake(t: torch.Tensor, fake_mode: FakeTensorMode, target: torch.device) ->
         # made from the shape alone: a tensor of a model that claims (or targets) a device it is not on
         return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t.detach().to("meta"), target)
     return fake_mode.from_tensor(t.detach())
-
-
-def detached(t: FakeTensor) -> FakeTensor:
-    """``t.detach()``: a fake tensor of ``t``'s mode on the same storage (a constant's value detached too), made
-    as that mode makes a view's output (its meta kernel, then the output wrapped) but without dispatching
-    ``detach`` through the mode, which costs five times as much, and a constant's forty (copying a 7B model's
-    parameters and optimizer state for a run spent a tenth of a step on it). A symbolic shape, or dispatch keys
-    the mode keeps for the output, go through the mode."""
-    mode = t.fake_mode
-    if mode.shape_env is not None or getattr(t, "dispatch_keys", None) is not None:
-        return torch.ops.aten.detach.default(t)  # type: ignore[no-any-return]
-    with in_kernel_invocation_manager(mode):
-        meta = torch.ops.aten.detach.default(t)
-    made = mode.fake_tensor_converter.from_meta_and_device(mode, meta, t.fake_device)
-    if t.constant is not None:
-        made.constant = t.constant.detach()
-    return made
-
-
-def unsafe_viewed(t: FakeTensor, size: Any) -> FakeTensor | None:
-    """``aten._unsafe_view(t, size)`` (a matmul's output folded back to its batch dimensions, on every linear layer
-    of a 3-d input) made as :func:`detached` makes a detach: a fake tensor of ``t``'s mode on the same storage. The
-    mode makes it on its uncached path, a view that autograd does not see as one, for some twenty times the cost.
-    None (the mode's way, with its errors) for the rest: a tensor not contiguous, a constant, a symbolic shape,
-    dispatch keys the mode keeps, or a size that does not fit."""
-    mode = t.fake_mode
-    if mode.shape_env is not None or t.constant is not None or getattr(t, "dispatch_keys", None) is not None or not t.is_contiguous():
-        return None
-    try:
-        with in_kernel_invocation_manager(mode):
-            meta = torch.ops.aten._unsafe_view.default(t, size)
-    except RuntimeError:
-        return None
-    return mode.fake_tensor_converter.from_meta_and_device(mode, meta, t.fake_device)
-
-
-def in_place_foreach(func: Any) -> bool:
-    """Whether ``func`` is an in-place foreach op (``_foreach_add_``, ``_foreach_addcdiv_``, ...: an optimizer's step),
-    which writes its first list, and nothing else, and returns nothing (not an ``out=`` overload, whose outputs
-    the op may resize: ``_foreach_norm``'s are 0-dim)."""
-    schema = func._schema
-    if not schema.name.startswith("aten::_foreach_") or schema.returns or not schema.arguments:
-        return False
-    written = [argument.alias_info is not None and argument.alias_info.is_write for argument in schema.arguments]
-    return written[0] and not any(written[1:])
-
-
-def writes_in_place_alone(mode: FakeTensorMode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether an in-place foreach op (:func:`in_place_foreach`) of these operands changes nothing a fake run sees:
-    lists of fake tensors of ``mode`` (the mode the op would reach) and numbers, every list as long as the first,
-    the tensors at each place alike (shape, dtype, device; contiguous, floating point, none a constant). Its meta
-    kernel then checks nothing that can fail and its outputs are its inputs: the mode runs that kernel tensor by
-    tensor, a tenth of an AdamW step of a 7B model on fake tensors. Any doubt: False (the mode's way)."""
-    if mode.shape_env is not None:
-        return False
-    lists: list[Any] = []
-    length = -1
-    for argument in (*args, *kwargs.values()):
-        if isinstance(argument, (list, tuple)):
-            if length < 0:
-                length = len(argument)
-            if len(argument) != length:
-                return False
-            if argument and isinstance(argument[0], torch.Tensor):
-                lists.append(argument)
-            elif not all(type(x) in (bool, int, float) for x in argument):
-                return False
-        elif argument is not None and type(argument) not in (bool, int, float):
-            return False  # a tensor of scalars, a complex number
-    if not lists or length <= 0:
-        return False
-    for place in zip(*lists):
-        first = place[0]
-        for t in place:
-            if (
-                type(t) is not FakeTensor
-                or t.fake_mode is not mode
-                or t.constant is not None
-                or getattr(t, "dispatch_keys", None) is not None
-                or t.shape != first.shape
-                or t.dtype != first.dtype
-                or t.fake_device != first.fake_device
-                or not t.is_floating_point()
-                or not t.is_contiguous()
-            ):
-                return False
-    return True
 
 
 # In-place fused optimizer kernels PyTorch registers no meta kernel for: a fake tensor run would fall

@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..ops import METADATA, VALUES_LIMIT, beneath_the_run, bound_arguments
-from .fake import detached, in_place_foreach, unsafe_viewed, writes_in_place_alone
+from .beside import detached, fake_mode_alone, in_place_foreach, of_the_fake_mode_alone, unsafe_viewed, writes_in_place_alone
 from .finiteness import EQUALITY, FINITENESS_TESTS, is_finite_number, on_finite_numbers
 from .layers import Layer, fake_mode_beneath
 from .packed import pad_packed
@@ -185,16 +185,16 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         if kind == _PLAIN and self._plain(args, kwargs):  # most ops: nothing known in, nothing known out
             # three ops made here as the fake mode beneath would make them, where it alone would see them
-            if func is aten.detach.default and _the_fake_modes(args[0]) and not self._followed(args[0]):
+            if func is aten.detach.default and of_the_fake_mode_alone(args[0]) and not self._followed(args[0]):
                 return detached(args[0])  # (autograd's, of each tensor it saves): only a router's follow a detach
             if (
                 func is aten._unsafe_view.default
-                and _the_fake_modes(args[0])
+                and of_the_fake_mode_alone(args[0])
                 and not self._followed(args[0])
                 and (viewed := unsafe_viewed(args[0], args[1] if len(args) > 1 else kwargs["size"])) is not None
             ):
                 return viewed  # (no layer beneath acts on a contiguous tensor's, nor a router's on one it does not follow)
-            if func in self._foreach and (mode := _fake_mode_alone()) is not None and writes_in_place_alone(mode, args, kwargs):
+            if func in self._foreach and (mode := fake_mode_alone()) is not None and writes_in_place_alone(mode, args, kwargs):
                 return None  # (nor on an in-place foreach op, which makes nothing)
             out = self.below(func, types, args, kwargs)
             if self._decided is not None and isinstance(out, FakeTensor) and (decided := self._decided(out)) is not None:
@@ -463,17 +463,6 @@ def _small(out: Any, written: list[torch.Tensor]) -> bool:
     small enough to work out."""
     outputs = _tensors(out) or written
     return bool(outputs) and all(isinstance(o, FakeTensor) and o.numel() <= LIMIT for o in outputs)
-
-
-def _fake_mode_alone() -> Any:
-    """The fake mode beneath the run's modes where it is the only mode beneath (no mode of the caller's, entered before
-    the run, nor another infra mode waits to see an op), else None."""
-    return fake_mode_beneath() if torch._C._len_torch_dispatch_stack() == 1 else None
-
-
-def _the_fake_modes(t: Any) -> bool:
-    """Whether ``t`` is a fake tensor of the fake mode beneath, the only mode beneath (:func:`_fake_mode_alone`)."""
-    return type(t) is FakeTensor and t.fake_mode is _fake_mode_alone()
 
 
 def _constant_of(t: Any, followed: Callable[[torch.Tensor], bool]) -> torch.Tensor | None:
