@@ -108,7 +108,7 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         # func -> (values computable, what it writes, whether it draws random numbers)
         self._ops: dict[Any, tuple[bool, tuple[tuple[int, str], ...], bool]] = {}
         self._kinds: dict[Any, int] = {}  # op -> its kind (see _kind)
-        self._foreach: set[Any] = set()  # the in-place foreach ops among them (see fake.writes_in_place_alone)
+        self._foreach: set[Any] = set()  # the in-place foreach ops among them (see beside.writes_in_place_alone)
         self._drawn: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors made from random numbers
         self._unbounded: dict[int, weakref.ref[torch.Tensor]] = {}  # unknown values that may not be finite
         self.reads = 0  # values read or sized by: a block memo (observe/blocks.py) replays no call that read one
