@@ -36,12 +36,9 @@ def detached(t: FakeTensor) -> FakeTensor:
     ``detach`` through the mode, which costs five times as much, and a constant's forty (copying a 7B model's
     parameters and optimizer state for a run spent a tenth of a step on it). A symbolic shape, or dispatch keys
     the mode keeps for the output, go through the mode."""
-    mode = t.fake_mode
-    if mode.shape_env is not None or getattr(t, "dispatch_keys", None) is not None:
+    if t.fake_mode.shape_env is not None or getattr(t, "dispatch_keys", None) is not None:
         return torch.ops.aten.detach.default(t)  # type: ignore[no-any-return]
-    with in_kernel_invocation_manager(mode):
-        meta = torch.ops.aten.detach.default(t)
-    made = mode.fake_tensor_converter.from_meta_and_device(mode, meta, t.fake_device)
+    made = _as_the_mode_makes(t, torch.ops.aten.detach.default)
     if t.constant is not None:
         made.constant = t.constant.detach()
     return made
@@ -57,10 +54,16 @@ def unsafe_viewed(t: FakeTensor, size: Any) -> FakeTensor | None:
     if mode.shape_env is not None or t.constant is not None or getattr(t, "dispatch_keys", None) is not None or not t.is_contiguous():
         return None
     try:
-        with in_kernel_invocation_manager(mode):
-            meta = torch.ops.aten._unsafe_view.default(t, size)
+        return _as_the_mode_makes(t, torch.ops.aten._unsafe_view.default, size)
     except RuntimeError:
         return None
+
+
+def _as_the_mode_makes(t: FakeTensor, view: Any, *args: Any) -> FakeTensor:
+    """``view(t, *args)`` as ``t``'s mode makes a view's output: its meta kernel, the output wrapped on ``t``'s device."""
+    mode = t.fake_mode
+    with in_kernel_invocation_manager(mode):
+        meta = view(t, *args)
     return mode.fake_tensor_converter.from_meta_and_device(mode, meta, t.fake_device)
 
 

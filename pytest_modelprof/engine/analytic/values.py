@@ -185,15 +185,11 @@ class KnownValues(Layer):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         if kind == _PLAIN and self._plain(args, kwargs):  # most ops: nothing known in, nothing known out
             # three ops made here as the fake mode beneath would make them, where it alone would see them
-            if func is aten.detach.default and of_the_fake_mode_alone(args[0]) and not self._followed(args[0]):
-                return detached(args[0])  # (autograd's, of each tensor it saves): only a router's follow a detach
-            if (
-                func is aten._unsafe_view.default
-                and of_the_fake_mode_alone(args[0])
-                and not self._followed(args[0])
-                and (viewed := unsafe_viewed(args[0], args[1] if len(args) > 1 else kwargs["size"])) is not None
-            ):
-                return viewed  # (no layer beneath acts on a contiguous tensor's, nor a router's on one it does not follow)
+            if func in _VIEWS_BESIDE and of_the_fake_mode_alone(args[0]) and not self._followed(args[0]):
+                if func is aten.detach.default:  # (autograd's, of each tensor it saves): only a router's follow a detach
+                    return detached(args[0])
+                if (viewed := unsafe_viewed(args[0], args[1] if len(args) > 1 else kwargs["size"])) is not None:
+                    return viewed  # (no layer beneath acts on a contiguous tensor's, nor a router's on one it does not follow)
             if func in self._foreach and (mode := fake_mode_alone()) is not None and writes_in_place_alone(mode, args, kwargs):
                 return None  # (nor on an in-place foreach op, which makes nothing)
             out = self.below(func, types, args, kwargs)
@@ -448,6 +444,7 @@ _WATCHED = frozenset(
     {*_SCALAR_READS, *_SIZED_BY_VALUES, *_SIZED_BY_MASKS, *_CTC, aten._pack_padded_sequence.default, *FINITENESS_TESTS, *EQUALITY}
 )
 _PASSED, _PLAIN, _FULL = range(3)  # the kinds of op (see KnownValues._kind)
+_VIEWS_BESIDE = frozenset({aten.detach.default, aten._unsafe_view.default})  # made above the fake mode (see beside.py)
 
 
 def _dropper(marks: dict[int, weakref.ref[torch.Tensor]], key: int) -> Callable[[object], None]:
