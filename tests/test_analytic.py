@@ -137,6 +137,14 @@ def test_model_and_inputs_already_fake():
     assert flop_figures(result) == flop_figures(profile(TinyCNN(), torch.randn(2, 3, 16, 16), train=True))
 
 
+def fake_mode_sees(monkeypatch) -> list:
+    """The ops that reach FakeTensorMode's dispatch from now on, in order (a list the test reads)."""
+    seen = []
+    stock_dispatch = FakeTensorMode.dispatch
+    monkeypatch.setattr(FakeTensorMode, "dispatch", lambda self, func, *rest: seen.append(func) or stock_dispatch(self, func, *rest))
+    return seen
+
+
 def test_a_fake_models_tensors_are_aliased_for_the_run_as_detach_makes_them(monkeypatch):
     # a fake model's parameters and optimizer state are aliased for the run without dispatching detach
     # through the fake mode (five times the cost); the alias is the one the fake mode makes, constants included
@@ -153,9 +161,7 @@ def test_a_fake_models_tensors_are_aliased_for_the_run_as_detach_makes_them(monk
         assert made.untyped_storage()._cdata == stock.untyped_storage()._cdata == t.untyped_storage()._cdata
         assert (made.constant is None) == (stock.constant is None) == (t.constant is None)
     assert detached(step).constant.item() == 3.0 and detached(step).constant.data_ptr() == step.constant.data_ptr()
-    dispatched = []
-    stock_dispatch = FakeTensorMode.dispatch
-    monkeypatch.setattr(FakeTensorMode, "dispatch", lambda self, func, *rest: dispatched.append(func) or stock_dispatch(self, func, *rest))
+    dispatched = fake_mode_sees(monkeypatch)
     weight.detach()
     assert dispatched == [torch.ops.aten.detach.default]  # (what is spared)
     dispatched.clear()
@@ -166,9 +172,7 @@ def test_a_fake_models_tensors_are_aliased_for_the_run_as_detach_makes_them(monk
 def test_autograds_detach_of_each_saved_tensor_stops_above_the_fake_mode(monkeypatch):
     # with memory followed, autograd detaches each input it saves (for the saved-tensors hook) in C++: a dispatch
     # through every mode, answered by the known values' mode as the fake mode would, with every figure the same
-    reached = []
-    stock_dispatch = FakeTensorMode.dispatch
-    monkeypatch.setattr(FakeTensorMode, "dispatch", lambda self, func, *rest: reached.append(func) or stock_dispatch(self, func, *rest))
+    reached = fake_mode_sees(monkeypatch)
     images = torch.randn(2, 3, 16, 16)
     fast = profile(TinyCNN(), images, device="meta", train=True).to_dict()
     assert torch.ops.aten.detach.default not in reached
@@ -197,9 +201,7 @@ def test_an_unsafe_view_is_made_beside_the_fake_mode_as_the_mode_makes_it(monkey
     assert step.constant is not None and unsafe_viewed(step, [1]) is None  # (the mode works out a constant's value)
     assert unsafe_viewed(strided, [48]) is None and unsafe_viewed(product, [5, 8]) is None
     # in a run, it does not reach the fake mode, and every figure is as it was
-    reached = []
-    stock_dispatch = FakeTensorMode.dispatch
-    monkeypatch.setattr(FakeTensorMode, "dispatch", lambda self, func, *rest: reached.append(func) or stock_dispatch(self, func, *rest))
+    reached = fake_mode_sees(monkeypatch)
     tokens = torch.randint(0, 50, (2, 12))
     fast = profile(TinyTransformer(), tokens, device="meta", train=True).to_dict()
     assert view not in reached
@@ -220,9 +222,7 @@ def test_an_unsafe_view_is_made_beside_the_fake_mode_as_the_mode_makes_it(monkey
 def test_an_optimizers_in_place_foreach_ops_are_answered_above_the_fake_mode(monkeypatch, make):
     # an in-place foreach op over fake tensors alike place by place makes nothing: answered without the fake mode's
     # kernel, tensor by tensor; every figure (memory, FLOPs, the predicted step on a GPU) is as it was
-    reached = []
-    stock_dispatch = FakeTensorMode.dispatch
-    monkeypatch.setattr(FakeTensorMode, "dispatch", lambda self, func, *rest: reached.append(func) or stock_dispatch(self, func, *rest))
+    reached = fake_mode_sees(monkeypatch)
     model, tokens = TinyTransformer(), torch.randint(0, 50, (2, 12))
 
     def run() -> dict:
