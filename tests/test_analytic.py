@@ -81,14 +81,7 @@ class Ranged(nn.Module):
 
 def test_record_function_ranges_are_opened_above_the_fake_mode(monkeypatch):
     # a range's markers take and make no tensor: the engine's modes run them, as every mode beneath them would
-    reached = []
-    stock = FakeTensorMode.dispatch
-
-    def dispatch(self, func, types, args=(), kwargs=None):
-        reached.append(func)
-        return stock(self, func, types, args, kwargs or {})
-
-    monkeypatch.setattr(FakeTensorMode, "dispatch", dispatch)
+    reached = fake_mode_sees(monkeypatch)
     x = torch.randn(2, 8)
     with FakeTensorMode() as mode:
         Ranged()(mode.from_tensor(x)).sum().backward()
