@@ -16,7 +16,11 @@ are not independent of it.
 - the kernels: for every operator (name and shapes) of the probes and of the held-out steps, the
   predicted against the measured kernel time, the median |error| by class of kernel.
 
-    python benchmarks/predicted_vs_h200.py [--kernels-only | --steps-only] [--records FILE]
+    python benchmarks/predicted_vs_h200.py [--kernels-only | --steps-only | --host] [--records FILE]
+
+``--host`` prints, for the records with the host's time per step (``host_ms_all``), the predicted host clock against
+that time and the predicted kernel time against the sum of the measured kernels: which of the two a step's error
+comes from.
 
 ``--records h100-heldout`` runs the steps' table on the same twenty held-out workloads measured on an H100
 (the GPU the step fit is on, but another machine than its records': ``h100-shared-b`` holds the shared
@@ -38,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import gpu_truth  # noqa: E402
 from pytest_modelprof import GPUS  # noqa: E402
 from pytest_modelprof.engine.calibrate import errors, kernel_time  # noqa: E402
+from pytest_modelprof.engine.targets.cost import SYNCHRONIZING, StepClock  # noqa: E402
 
 H200 = GPUS["h200"]
 GOAL = (0.10, 0.25)  # held-out steps: median and largest |error|
@@ -104,6 +109,47 @@ def steps(records: str = "h200") -> None:
         print(f"  {cls:16s} {summary(by_class[cls])}")
 
 
+def host(records: str) -> None:
+    """Each step's two clocks apart: the host's time to issue it (measured: the median of ``host_ms_all``, the time
+    until the step's call returned, before waiting for the GPU) against the predicted host clock, and the sum of its
+    kernel times (under the profiler) against the predicted kernels'; then the steps, as :func:`steps` prints them."""
+    gpu = GPUS[records.split("-")[0]]
+    chosen = {name: r for name, r in gpu_truth.records(records).items() if r.get("host_ms_all")}
+    if not chosen:
+        print(f"{records}: no record with the host's time (host_ms_all)")
+        return
+    data = gpu_truth.observed(gpu, chosen)
+    print(f"{records}: the host's and the kernels' time apart, target {gpu.name}, the shipped calibration (ms)")
+    print(f"{'workload':48s} {'':4s} {'host':>7s} {'pred':>7s} {'err':>7s}  {'kernels':>7s} {'pred':>7s} {'err':>7s}  {'syncs':>5s}")
+    by_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for o in sorted(data, key=lambda o: (not gpu_truth.heldout(o.name), o.name)):
+        record = chosen[o.name]
+        clock = StepClock(gpu)
+        syncs = 0
+        for work, _ in o.ops:
+            clock.issue(work)
+            syncs += work.name in SYNCHRONIZING and work.on_device
+        measured_host = statistics.median(record["host_ms_all"]) / 1e3
+        # (a record keeps its 400 most expensive operators: '+' where that cut any, the sum then a floor)
+        measured_kernels = sum(op["self_device_us"] for op in record["ops"]) / 1e6
+        cut = "+" if len(record["ops"]) >= 400 else " "
+        host_error, kernel_error = clock.host / measured_host - 1, clock.busy / measured_kernels - 1
+        tag = "held" if gpu_truth.heldout(o.name) else "fit"
+        print(
+            f"{o.name:48s} {tag:4s} {measured_host * 1e3:7.2f} {clock.host * 1e3:7.2f} {host_error:+7.1%}  "
+            f"{measured_kernels * 1e3:7.2f}{cut}{clock.busy * 1e3:6.2f} {kernel_error:+7.1%}  {syncs:5d}"
+        )
+        by_class[step_class(o.name)].append((host_error, kernel_error))
+    print("by class: host clock | kernels, median |error| and the largest")
+    for cls in sorted(by_class):
+        hosts, kernels_ = ([e[i] for e in by_class[cls]] for i in (0, 1))
+        print(f"  {cls:16s} {summary(hosts)} | {summary(kernels_)}")
+    print(
+        "(syncs: the ops whose value the modelled host waits for, the predicted host clock including that wait; the\n"
+        " measured host time includes what a step really waits for, a full launch queue among it)\n"
+    )
+
+
 def kernels() -> None:
     probes = gpu_truth.records("h200-probes")
     held = {n: r for n, r in gpu_truth.records("h200").items() if gpu_truth.heldout(n)}
@@ -126,6 +172,7 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--kernels-only", action="store_true")
     group.add_argument("--steps-only", action="store_true")
+    group.add_argument("--host", action="store_true", help="the host's and the kernels' time apart (records with host_ms_all)")
     parser.add_argument(
         "--records",
         default="h200",
@@ -133,6 +180,9 @@ def main() -> None:
         "workloads on an H100, h100-shared-b: the shared ones again on that machine)",
     )
     options = parser.parse_args()
+    if options.host:
+        host(options.records)
+        return
     if not options.kernels_only:
         steps(options.records)
     if not options.steps_only:
