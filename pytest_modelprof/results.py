@@ -198,7 +198,7 @@ class PredictedReport:
     target: str
     seconds: float  # the step, host and GPU together
     gpu_seconds: float  # the GPU's time running kernels
-    host_seconds: float  # the host's time issuing ops
+    host_seconds: float  # the host's time issuing ops (its waits for the GPU, a value read back, apart)
     calibrated: bool  # False: the cost model's round defaults, not fitted to measured kernel times
     calibration: str  # where the efficiencies come from
     ops: list[PredictedOp] = field(default_factory=list)

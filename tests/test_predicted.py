@@ -82,6 +82,31 @@ def test_the_host_issues_the_backward_pass_for_less_and_inference_for_less_than_
     assert {(row.op, row.phase) for row in ops} >= {("aten.addmm", "forward"), ("aten.mm", "backward")}
 
 
+class ReadsBack(nn.Module):
+    def forward(self, a, b):
+        total = (a @ b).sum().item()  # the host waits for the product and the sum
+        return a + total
+
+
+def test_the_host_waits_for_a_value_read_back_and_its_issuing_time_leaves_the_wait_out():
+    """A value read back (``.item()``) makes the host wait for the GPU: the step has the wait, the host's
+    issuing time (``host_seconds``, against the GPU's busy time) only what it spent issuing ops."""
+    clock = StepClock(GPU)
+    clock.issue(Work("aten.add", "memory", 0, 1_600_000_000, torch.float32, issuer="plain"))  # 1 ms on the GPU
+    busy = clock.device
+    clock.issue(Work("aten._local_scalar_dense", "none", 0, 0, torch.float32, 0))
+    clock.issue(Work("aten.add", "memory", 0, 64, torch.float32, issuer="plain"))
+    issuing = 2 * 10e-6 * HOST_RATIO["plain"] + 1e-6  # two ops from Python under no_grad, the read a view's cost
+    assert clock.issuing == pytest.approx(issuing)
+    assert clock.host == pytest.approx(busy + 10e-6 * HOST_RATIO["plain"])  # issued after the wait
+    a, b = torch.ones(1024, 1024), torch.ones(1024, 1024)  # real inputs: the run knows the sum it reads back
+    predicted = profile(ReadsBack(), (a, b), device="meta", target=GPU, flops=False, memory=False).predicted
+    assert predicted.host_seconds == pytest.approx(3 * 10e-6 * HOST_RATIO["plain"] + 1e-6)  # mm, sum, add; the read
+    # the product (tens of us) starts once issued, the sum right after it; the host waits for both, then issues
+    # the add: the step is the GPU's time and two ops' issuing, the product's before and the add's after the wait
+    assert predicted.seconds == pytest.approx(predicted.gpu_seconds + 2 * 10e-6 * HOST_RATIO["plain"])
+
+
 def test_kinds_of_kernels():
     assert kind_of("aten.addmm") == "matmul" and kind_of("aten.view") == "none"
     assert kind_of("aten.cudnn_batch_norm") == "norm" and kind_of("aten.cudnn_batch_norm_backward") == "norm_backward"

@@ -81,7 +81,7 @@ class PredictedMeter(Meter):
             target=self.gpu.name,
             seconds=clock.seconds,
             gpu_seconds=clock.busy,
-            host_seconds=clock.host,
+            host_seconds=clock.issuing,
             calibrated=clock.calibration.calibrated,
             calibration=clock.calibration.source,
             ops=ops,

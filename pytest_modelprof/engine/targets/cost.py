@@ -460,19 +460,18 @@ class StepClock:
         self.host = 0.0  # when the host has issued the ops so far
         self.device = 0.0  # when the GPU is done with the kernels issued so far
         self.busy = 0.0  # the GPU's time running kernels
+        self.issuing = 0.0  # the host's time issuing ops, its waits for the GPU apart
 
     def issue(self, work: Work) -> tuple[float, Bound]:
         """One op: its kernels' predicted seconds and their bound (0 and "launch" for an op without one)."""
         calibration = self.calibration
         seconds: float = 0.0
         bound: Bound = "launch"
-        if work.kind == "none":
-            self.host += calibration.view_seconds
-        elif not work.on_device:
-            self.host += calibration.host(work.issuer)
-        else:
+        issue = calibration.view_seconds if work.kind == "none" else calibration.host(work.issuer)
+        self.host += issue
+        self.issuing += issue
+        if work.kind != "none" and work.on_device:
             seconds, bound = kernel_seconds(self.gpu, calibration, work)
-            self.host += calibration.host(work.issuer)
             self.device = max(self.host, self.device) + seconds
             self.busy += seconds
         if work.name in SYNCHRONIZING and work.on_device:  # the host waits for a value on the GPU
