@@ -18,8 +18,8 @@ are not independent of it.
 
     python benchmarks/predicted_vs_h200.py [--kernels-only | --steps-only | --host] [--records FILE]
 
-``--host`` prints, for the records with the host's time per step (``host_ms_all``), the predicted host clock against
-that time and the predicted kernel time against the sum of the measured kernels: which of the two a step's error
+``--host`` prints, for the records with the host's time per step (``host_ms_all``), the host's predicted time issuing
+the step's ops against that time and the predicted kernel time against the sum of the measured kernels: which of the two a step's error
 comes from.
 
 ``--records h100-heldout`` runs the steps' table on the same twenty held-out workloads measured on an H100
@@ -111,8 +111,9 @@ def steps(records: str = "h200") -> None:
 
 def host(records: str) -> None:
     """Each step's two clocks apart: the host's time to issue it (measured: the median of ``host_ms_all``, the time
-    until the step's call returned, before waiting for the GPU) against the predicted host clock, and the sum of its
-    kernel times (under the profiler) against the predicted kernels'; then the steps, as :func:`steps` prints them."""
+    until the step's call returned, before waiting for the GPU) against the host's predicted time issuing its ops
+    (its predicted waits beside it), and the sum of its kernel times (under the profiler) against the predicted
+    kernels'."""
     gpu = GPUS[records.split("-")[0]]
     chosen = {name: r for name, r in gpu_truth.records(records).items() if r.get("host_ms_all")}
     if not chosen:
@@ -120,7 +121,8 @@ def host(records: str) -> None:
         return
     data = gpu_truth.observed(gpu, chosen)
     print(f"{records}: the host's and the kernels' time apart, target {gpu.name}, the shipped calibration (ms)")
-    print(f"{'workload':48s} {'':4s} {'host':>7s} {'pred':>7s} {'err':>7s}  {'kernels':>7s} {'pred':>7s} {'err':>7s}  {'syncs':>5s}")
+    header = f"{'host':>7s} {'pred':>7s} {'err':>7s} {'waited':>7s}  {'kernels':>7s} {'pred':>7s} {'err':>7s}  {'syncs':>5s}"
+    print(f"{'workload':48s} {'':4s} {header}")
     by_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for o in sorted(data, key=lambda o: (not gpu_truth.heldout(o.name), o.name)):
         record = chosen[o.name]
@@ -133,20 +135,22 @@ def host(records: str) -> None:
         # (a record keeps its 400 most expensive operators: '+' where that cut any, the sum then a floor)
         measured_kernels = sum(op["self_device_us"] for op in record["ops"]) / 1e6
         cut = "+" if len(record["ops"]) >= 400 else " "
-        host_error, kernel_error = clock.host / measured_host - 1, clock.busy / measured_kernels - 1
+        host_error, kernel_error = clock.issuing / measured_host - 1, clock.busy / measured_kernels - 1
         tag = "held" if gpu_truth.heldout(o.name) else "fit"
+        waited = clock.host - clock.issuing
         print(
-            f"{o.name:48s} {tag:4s} {measured_host * 1e3:7.2f} {clock.host * 1e3:7.2f} {host_error:+7.1%}  "
+            f"{o.name:48s} {tag:4s} {measured_host * 1e3:7.2f} {clock.issuing * 1e3:7.2f} {host_error:+7.1%} {waited * 1e3:7.2f}  "
             f"{measured_kernels * 1e3:7.2f}{cut}{clock.busy * 1e3:6.2f} {kernel_error:+7.1%}  {syncs:5d}"
         )
         by_class[step_class(o.name)].append((host_error, kernel_error))
-    print("by class: host clock | kernels, median |error| and the largest")
+    print("by class: host issuing | kernels, median |error| and the largest")
     for cls in sorted(by_class):
         hosts, kernels_ = ([e[i] for e in by_class[cls]] for i in (0, 1))
         print(f"  {cls:16s} {summary(hosts)} | {summary(kernels_)}")
     print(
-        "(syncs: the ops whose value the modelled host waits for, the predicted host clock including that wait; the\n"
-        " measured host time includes what a step really waits for, a full launch queue among it)\n"
+        "(pred: the host's predicted time issuing the step's ops; waited: its predicted waits for the GPU beside it, at the\n"
+        " syncs, the ops whose value it waits for; the measured host time includes what a step really waits for, a full\n"
+        " launch queue among it)\n"
     )
 
 
