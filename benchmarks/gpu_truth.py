@@ -110,10 +110,10 @@ def workload(name: str) -> tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]:
 
 
 def layout_kernels(gpu: GPUSpec) -> list[tuple[GPUSpec, list[Work], float]]:
-    """The elementwise kernels of ``layout_probes.py`` measured on ``gpu`` (``{gpu.name}-layout.json``): each its
-    op's work as a profile reads it (vector and strided path alike) and its median kernel seconds, as ``calibrate.fit``
-    takes operators; the reductions, which the cost model prices by their bytes alone, left out. Empty where the
-    file is not here."""
+    """The kernels of ``layout_probes.py`` measured on ``gpu`` (``{gpu.name}-layout.json``): each its op's work as a
+    profile reads it (elementwise on the vector and the strided path alike, and the sums down rows, along rows and
+    over an NCHW tensor's batch and pixels) and its median kernel seconds, as ``calibrate.fit`` takes operators.
+    Empty where the file is not here."""
     from benchmarks.neusight import work_of_call  # (which imports this module)
 
     path = TRUTH / f"{gpu.name}-layout.json"
@@ -121,7 +121,7 @@ def layout_kernels(gpu: GPUSpec) -> list[tuple[GPUSpec, list[Work], float]]:
         return []
     out = []
     for row in json.loads(path.read_text())["rows"]:
-        if row["family"] == "strided" and row["kernel_us_median"]:
+        if row["family"] in ("strided", "reduction") and row["kernel_us_median"]:
             func, args = _layout_call(row["case"], row["shape"], getattr(torch, row["dtype"]))
             out.append((gpu, [work_of_call(func, args)], row["kernel_us_median"] * 1e-6))
     return out
@@ -149,4 +149,7 @@ def _layout_call(case: str, shape: list[int], dtype: torch.dtype) -> tuple[Any, 
     if case in ("add_transposed_3d", "copy_transposed_3d"):
         transposed = meta(c, n, *rest).transpose(0, 1)
         return (aten.add.Tensor if case.startswith("add") else aten.copy_.default), (meta(*shape), transposed)
+    reduced = {"sum_dim0": [0], "sum_dim1": [1], "sum_nchw": [0, 2, 3]}.get(case.rsplit("_keep", 1)[0])
+    if reduced is not None:
+        return aten.sum.dim_IntList, (meta(*shape), reduced)
     raise ValueError(f"unknown layout_probes.py case {case!r}")

@@ -10,9 +10,10 @@ at a time on five other GPUs (pytest_modelprof/data/kernel-data, ``benchmarks/ne
 the host's time per op to the step times. The operators of one-layer probes measured on an H200 (convolutions,
 products, normalisations, pooling, activations and attention at shapes no held-out step has) join the steps'
 kernels in the first stage (``probe_kernels``), and so do the elementwise kernels an H100 ran by their operands'
-layout (h100-layout.json; ``gpu_truth.layout_kernels``). Last, the constants of the kinds of kernel no H100 step
-runs (PyTorch's own batch-norm kernels, which a model in half precision takes: ``calibrate.fit_kinds``),
-on the batch norms of the one-layer probes measured on an H200 (pytest_modelprof/data/gpu-truth).
+layout and the sums it ran by the dimensions they reduce (h100-layout.json; ``gpu_truth.layout_kernels``). Last,
+the constants of the kinds of kernel no H100 step runs (PyTorch's own batch-norm kernels, which a model in half
+precision takes: ``calibrate.fit_kinds``), on the batch norms of the one-layer probes measured on an H200
+(pytest_modelprof/data/gpu-truth).
 Each workload is also predicted by a calibration fitted without it (leave one out: both
 stages, its kernels and its step left out). Printed: the step table (measured, predicted
 with the shipped calibration, with the fit on all, leaving it out), the per-operator
@@ -116,15 +117,17 @@ def main() -> None:
     options = parser.parse_args()
     data = workloads()
     timed = kernels()
-    # with the H200's one-layer probes, the H100's elementwise kernels by their operands' layout (h100-layout.json:
-    # the vector and the strided path; the H200's, h200-layout.json, stay a check: tests/test_targets.py)
+    # with the H200's one-layer probes, the H100's layout probes (h100-layout.json): elementwise kernels by their
+    # operands' layout (the vector and the strided path) and sums by the dimensions they reduce; the H200's,
+    # h200-layout.json, stay a check (tests/test_targets.py, tests/test_reduce_kernel.py)
     layouts = gpu_truth.layout_kernels(H100)
+    sums = sum(1 for _, works, _ in layouts if works[0].launches)
     probes = probe_kernels() + layouts
     shipped = H100.calibration
     source = (
         f"fitted on {len(data)} H100 steps (the project's gpu-truth records, torch 2.11), {len(probes) - len(layouts)} operators of an "
-        f"H200's one-layer probes, {len(layouts)} elementwise kernels of an H100's layout probes and {len(timed)} kernels timed on "
-        "five GPUs (NeuSight's); PyTorch's own batch-norm kernels on the H200's probes"
+        f"H200's one-layer probes, {len(layouts) - sums} elementwise kernels and {sums} sums of an H100's layout probes and "
+        f"{len(timed)} kernels timed on five GPUs (NeuSight's); PyTorch's own batch-norm kernels on the H200's probes"
     )
     full = fit(H100, data, source=source, timed=timed, kernels=probes)  # from the round defaults, as each leave-one-out fit starts
     # then the kinds no H100 step runs, on the H200's probes (the steps' figures do not depend on them)

@@ -50,7 +50,8 @@ from .targets.cost import (
     kernel_seconds,
     math_unit,
 )
-from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor
+from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor, threads_per_sm
+from .targets.reduce_kernel import blocks_per_output
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
 
@@ -151,6 +152,7 @@ ABOVE_PEAK: dict[Parameter, float] = {
     ("efficiency", "pool_backward"): 16.0,
     **{("efficiency", rate): 16.0 for rate in RATE_OF.values()},
     ("efficiency", "strided_rate"): 64.0,
+    ("efficiency", "reduction_rate"): 64.0,
 }
 
 
@@ -180,6 +182,10 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
             efficiencies.add(kind)
             if kind == "memory" and work.elements:  # an elementwise kernel on the strided path: its SMs' work
                 efficiencies.update(("strided_rate", "strided_byte_cycles"))
+            if any(kernel.offsets for kernel in work.launches):  # a reduction's offsets, dimension by dimension
+                efficiencies.add("reduction_rate")
+            if any(blocks_per_output(kernel, gpu.sm_count, threads_per_sm(gpu.compute_capability)) > 1 for kernel in work.launches):
+                parameters.add(("reduction_cycles", "staging"))  # a split reduction's staging steps
             if kind in POOL_KINDS:  # its rate per SM and cycle, beside its bytes at the memory's
                 efficiencies.add("memory")
             if kind in NORM_KINDS:

@@ -30,6 +30,7 @@ from ..targets.cost import (
 )
 from ..targets.gpus import GPUSpec
 from ..targets.products import gemms_of, relayout_bytes
+from ..targets.reduce_kernel import launches
 from . import Meter, Op
 
 if TYPE_CHECKING:
@@ -126,7 +127,8 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     who = issuer(op, tensors)
     relayout = relayout_bytes(op.name, op.args, op.out) if kind in ("conv", "conv_backward") else 0
     tf32 = tf32_allowed(kind)
-    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, who, tf32, elements, relayout)
+    reduce = launches(op.func, op.args, op.kwargs, op.out) if kind == "memory" else ()
+    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, who, tf32, elements, relayout, reduce)
 
 
 def issuer(op: Op, tensors: list[torch.Tensor]) -> Issuer:

@@ -25,7 +25,9 @@ have constants of their own: their elements go through the SMs at a rate per cyc
 on RGB pixels) runs off the tensor cores (``conv_narrow``). Pooling is bound by the integer
 arithmetic that finds each element's window, not by its bytes (:func:`pool_seconds`), and so is an elementwise
 kernel with an operand broadcast or laid out otherwise than its output (a per-channel scale, a transposing
-copy), where it works element by element (:func:`strided_seconds`).
+copy), where it works element by element (:func:`strided_seconds`). A reduction runs as ATen lays out its blocks
+(:mod:`.reduce_kernel`): a split one's blocks meet after their work, and one over dimensions that do not coalesce
+works out its inputs' offsets element by element.
 
 The step is simulated on two clocks, as eager PyTorch runs it: the host issues ops one after
 another, each at a cost by who issues it (:data:`Issuer`: Python with autograd recording, Python
@@ -53,6 +55,7 @@ from ..ops import REGISTRY, Kernel
 from ..ops.iteration import non_overlapping_and_dense
 from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt_integer_factor
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
+from .reduce_kernel import Launch, launch_seconds
 
 # the registry's kinds of kernel, and the two a convolution's backward pass runs (see :func:`kind_of`)
 Kind = Literal[Kernel, "conv_backward", "conv_narrow_backward"]
@@ -178,6 +181,7 @@ class Work(NamedTuple):
     # elementwise kernel's (:func:`strided_elements`)
     elements: int = 0
     relayout: int = 0  # bytes its library's layout transforms move on tensor cores, kernels of their own (:func:`.products.relayout_bytes`)
+    launches: tuple[Launch, ...] = ()  # a reduction's kernels, as ATen lays out their blocks (:mod:`.reduce_kernel`)
 
 
 def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: float = 1.0) -> tuple[float, Bound]:
@@ -186,7 +190,7 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
     efficiency = calibration.efficiency
     kind = work.kind
     bandwidth = gpu.bandwidth * efficiency["memory"]
-    relayout = 0.0
+    relayout = staging = 0.0
     if kind in COMPUTE_KINDS:
         peak, tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)
         unit_efficiency = efficiency.get(kind if tensor_cores else f"{kind}_simt", efficiency.get(kind, 1.0))
@@ -221,14 +225,18 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         if work.reductions and per_reduction:
             rate = min(rate, work.reductions * per_reduction)
         memory = work.bytes * work.passes / rate
-        # what the SMs do, where it outlasts the bytes: a layer norm's rows, a native batch norm's elements, a strided kernel's
+        offsets, staging = launch_seconds(gpu, calibration, work.launches) if work.launches else (0.0, 0.0)
+        # what the SMs do, where it outlasts the bytes: a layer norm's rows, a native batch norm's elements, a strided
+        # kernel's, a reduction's offsets
         compute = max(
             compute,
             reduction_seconds(gpu, calibration, work),
             element_seconds(gpu, calibration, work),
             strided_seconds(gpu, calibration, work),
+            offsets,
         )
-    fixed = calibration.kernel_seconds * work.kernels  # each kernel's start and finish, beside its work
+    # each kernel's start and finish, beside its work; a split reduction's staging after it
+    fixed = calibration.kernel_seconds * work.kernels + staging
     seconds = fixed + max(compute, memory) + relayout
     if fixed > max(compute, memory):
         return seconds, "launch"

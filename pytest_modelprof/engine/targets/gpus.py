@@ -66,7 +66,10 @@ class Calibration:
     ``reduction_bandwidth``: per normalisation kind, the bytes/s one of its independent reductions
     moves, where too few of them run side by side to fill the GPU (batch norm's channels);
     ``reduction_cycles``: ``norm``, the SM cycles a layer norm's forward pass takes over each of its rows
-    however few its bytes (see :func:`.cost.reduction_seconds`). Then the fixed costs, in seconds."""
+    however few its bytes (see :func:`.cost.reduction_seconds`); ``staging``, the SM cycles of each step of a
+    split reduction's last block through its other blocks' partial results, and ``efficiency["reduction_rate"]``,
+    the elements per SM and cycle of a reduction that works out its inputs' offsets dimension by dimension (see
+    :mod:`.reduce_kernel`). Then the fixed costs, in seconds."""
 
     efficiency: Mapping[str, float] = field(
         default_factory=lambda: {
@@ -85,12 +88,13 @@ class Calibration:
             "conv_backward_simt": 0.6,
             "pool": 1.0,
             "pool_backward": 0.4,
+            "reduction_rate": 2.0,
         },
         hash=False,
     )
     gemm_half: Mapping[str, float] = field(default_factory=lambda: {"k": 128.0, "k_simt": 32.0}, hash=False)
     reduction_bandwidth: Mapping[str, float] = field(default_factory=dict, hash=False)
-    reduction_cycles: Mapping[str, float] = field(default_factory=dict, hash=False)
+    reduction_cycles: Mapping[str, float] = field(default_factory=lambda: {"staging": 700.0}, hash=False)
     tile_cost: Mapping[str, float] = field(default_factory=lambda: {"tensor": 16.0, "simt": 16.0}, hash=False)
     power_exponent: float = 1.0  # how a GPU's power grows with its clock (see :func:`clock_fraction`)
     simt_integer: float = 0.25  # integer instructions a product on CUDA cores runs per FMA (see :func:`simt_integer_factor`)
@@ -131,43 +135,46 @@ UNCALIBRATED = Calibration()
 # pool and pool_backward (elements per SM and cycle) come from the H100 steps' max pools with the probes';
 # reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest; strided_rate and
 # strided_byte_cycles (an elementwise kernel's work on its SMs on the strided path) with the rest, the elementwise
-# kernels an H100 ran by their operands' layout (h100-layout.json) among the operators.
+# kernels an H100 ran by their operands' layout (h100-layout.json) among the operators; reduction_rate and
+# reduction_cycles["staging"] (a reduction's offsets, a split reduction's staging steps: .reduce_kernel) with the
+# rest, the sums of the same probes among the operators.
 FITTED = Calibration(
     efficiency={
-        "matmul": 0.964,
-        "conv": 0.5689,
-        "conv_backward": 0.3824,
-        "conv_narrow": 0.2657,
-        "conv_narrow_backward": 0.07392,
-        "attention": 0.8214,
-        "rnn": 0.3631,
-        "norm": 0.8132,
-        "norm_backward": 0.6546,
-        "norm_native_rate": 1.442,
-        "norm_native_backward_rate": 1.395,
-        "memory": 0.8530,
-        "matmul_simt": 0.8512,
-        "conv_simt": 1.562,
+        "matmul": 0.9592,
+        "conv": 0.5658,
+        "conv_backward": 0.3853,
+        "conv_narrow": 0.2634,
+        "conv_narrow_backward": 0.07382,
+        "attention": 0.8234,
+        "rnn": 0.3462,
+        "norm": 0.8074,
+        "norm_backward": 0.6438,
+        "norm_native_rate": 1.433,
+        "norm_native_backward_rate": 1.388,
+        "memory": 0.8562,
+        "matmul_simt": 0.8514,
+        "conv_simt": 1.564,
         "conv_backward_simt": 0.3,
-        "cuda_cores": 0.4733,
-        "strided_rate": 2.732,
-        "strided_byte_cycles": 0.06508,
-        "pool": 1.031,
-        "pool_backward": 0.3546,
+        "cuda_cores": 0.4728,
+        "strided_rate": 2.694,
+        "strided_byte_cycles": 0.06569,
+        "reduction_rate": 1.884,
+        "pool": 1.025,
+        "pool_backward": 0.3542,
     },
-    gemm_half={"k": 277.0, "k_simt": 10.91, "k_attention": 771.4},
-    tile_cost={"tensor": 5.246, "simt": 10.49},
-    reduction_bandwidth={"norm": 20.65e9, "norm_backward": 13.65e9},
-    reduction_cycles={"norm": 508.6},
-    power_exponent=1.144,
-    simt_integer=0.3480,
-    kernel_seconds=2.915e-6,
-    host_seconds=18.91e-6,
-    view_seconds=12.82e-6,
+    gemm_half={"k": 288.3, "k_simt": 10.93, "k_attention": 780.9},
+    tile_cost={"tensor": 6.397, "simt": 10.89},
+    reduction_bandwidth={"norm": 20.58e9, "norm_backward": 13.62e9},
+    reduction_cycles={"norm": 588.3, "staging": 744.1},
+    power_exponent=1.147,
+    simt_integer=0.3463,
+    kernel_seconds=2.248e-6,
+    host_seconds=17.85e-6,
+    view_seconds=13.20e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11), 316 operators of an H200's one-layer probes, "
-    "144 elementwise kernels of an H100's layout probes and 4800 kernels timed on five GPUs (NeuSight's); PyTorch's own "
-    "batch-norm kernels on the H200's probes",
+    "144 elementwise kernels and 216 sums of an H100's layout probes and 4800 kernels timed on five GPUs (NeuSight's); "
+    "PyTorch's own batch-norm kernels on the H200's probes",
 )
 
 
