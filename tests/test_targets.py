@@ -340,15 +340,15 @@ def test_a_held_out_h200_step_peaks_where_the_record_peaked(name):
 
 
 def test_the_shipped_calibration_predicts_the_held_out_h200_steps_as_the_docs_say():
-    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 5.0%, worst 35.4%
+    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 5.2%, worst 35.6%
     # (benchmarks/predicted_vs_h200.py)
     errors = {
         name: abs(step.predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
         for name in HELD_OUT
         for step, record in [recorded_step("h200", name)]
     }
-    assert statistics.median(errors.values()) < 0.0505
-    assert max(errors.values()) < 0.3545, errors
+    assert statistics.median(errors.values()) < 0.0525
+    assert max(errors.values()) < 0.3565, errors
 
 
 @pytest.mark.skipif(not gpu_truth.records("h100-heldout"), reason="the held-out H100 records are not in this checkout")
@@ -442,7 +442,7 @@ def test_the_held_out_h200_steps_layer_norms_take_the_time_of_their_rows():
     # a layer norm's forward pass gives each row a block of its own: over a ConvNeXt's or a Swin's rows of 96-384
     # channels that, not the bytes, is its time. The cycles a row takes are fitted with the rest on the H100 steps
     # (rows of 768); here, the held-out H200 steps' layer norms (rows of 96 to 1536; fp32, fp16, bf16) against their
-    # kernel time there: 0.89 to 1.37 of it, a median 12% off (the most, ConvNeXt's and Swin's rows of 96 to 768).
+    # kernel time there: 0.88 to 1.37 of it, a median 12% off (the most, ConvNeXt's and Swin's rows of 96 to 768).
     # Priced by their bytes they came out 0.31 to 0.92 of it (a median 29% off)
     ratios = {}
     for name in HELD_OUT:

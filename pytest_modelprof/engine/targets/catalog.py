@@ -311,7 +311,10 @@ def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
 # 2: kernel_seconds is added to each kernel's work (1: a floor under it), host_seconds is a recorded op's, products
 # are priced in tiles (tile_cost, gemm_half's k and k_simt), products on CUDA cores have efficiencies of their own;
 # 3: a table of reduction_cycles (a layer norm's cycles a row) and pooling's rates among the efficiencies. A file of
-# format 2 still loads: it has neither, and its model prices those kernels by their bytes, as when it was fitted
+# format 2 still loads: it has neither, and its model prices those kernels by their bytes, as when it was fitted.
+# A reduction's launch constants (reduction_cycles' "staging", the efficiencies' "reduction_rate": .reduce_kernel)
+# are entries of the same tables: a file written before them prices reductions by their bytes, as when it was
+# fitted, a split one's memset (one kernel's fixed time) beside them
 CALIBRATION_FORMAT = 3
 _STILL_READ = (2, CALIBRATION_FORMAT)  # the formats a file may have
 _FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")

@@ -14,16 +14,20 @@ Their time (:func:`launch_seconds`) has two parts that are not the bytes':
   the lanes holding distinct outputs), and a memset of the semaphores runs before, a kernel of its own.
   Measured on an H100 (data/gpu-truth/h100-layout.json), a sum down the rows of a 174762 x 96 bfloat16
   tensor (the bias gradient of a linear layer over 174762 tokens) splits each output across 1056 blocks
-  of 8 rows: 132 steps, 65 us in all, where its 34 MB take 13 us at the bandwidth. Each step's SM cycles are
-  the calibration's ``reduction_cycles["staging"]``.
+  of 8 rows: 132 steps, 65 us in all, where its 34 MB take 10 us at the memory's peak. The steps are one
+  block's, one after another, each the calibration's ``reduction_cycles["staging"]`` SM cycles. The staging
+  and the memset follow the work: the cost model adds them to the kernel's fixed time (its bound "launch"
+  where they outlast its work).
 - **Offsets.** A reduction over dimensions TensorIterator cannot coalesce into one (the batch and the pixels of
   an NCHW tensor, its channels kept) works out each input's offset dimension by dimension, element by
   element, and is bound by that work, not its bytes: bfloat16 and float32 sums of 32 x 3072 x 341 took 65 and
-  70 us on that H100. Its elements go through the SMs at ``efficiency["reduction_rate"]`` per SM and cycle.
+  70 us on that H100. Its elements go through the SMs its blocks occupy (all of them, or as many as it has
+  blocks) at ``efficiency["reduction_rate"]`` per SM and cycle.
 
-Both are priced on every SM at the boost clock (a power-capped card is taken to hold it for this work, as for
-the memory-bound kernels), and both are 0 for a calibration without their constant or a GPU whose clock is not
-known.
+Both are priced at the boost clock (a power-capped card is taken to hold it for this work, as for the
+memory-bound kernels), and each is 0 for a calibration without its constant or a GPU whose clock is not known
+(a split launch's memset is a kernel all the same). Fitted on sums, the constants price every reduction alike:
+``var`` and ``std`` (whose partial results are Welford's, larger), ``argmax``, ``amax``.
 """
 
 from __future__ import annotations
@@ -212,7 +216,6 @@ def launch(part: Part, source: torch.Tensor) -> Launch:
     else:
         dim0, dim1, moving = outputs, per_output, strides[reductions][1]
     vector = 1
-    vectorised_input = False
     if moving == itemsize and not fastest:
         vector = 4
         offset = source.storage_offset()
@@ -222,7 +225,6 @@ def launch(part: Part, source: torch.Tensor) -> Launch:
         dim0 //= vector
     elif moving == itemsize and fastest and dim0 > 128 and reductions == 1 and itemsize > 2:
         dim0 //= 4  # vectorised loads along the reduced dimension (4 per thread; not for 16-bit sums)
-        vectorised_input = True
     most = (256 if source.dtype == torch.complex128 else 512) // vector
     dim0_pow2 = _last_pow2(dim0) if dim0 < most else most
     dim1_pow2 = _last_pow2(dim1) if dim1 < most else most
@@ -238,7 +240,7 @@ def launch(part: Part, source: torch.Tensor) -> Launch:
         step_output *= height
     values = -(-per_output // step_input)
     grid = -(-(outputs // vector) // step_output)
-    offsets = reductions > 1 and not vectorised_input
+    offsets = reductions > 1  # (the input calculator has a dimension per reduced one; vectorised loads take one)
     return Launch(elements, outputs, width, height, vector, fastest, rows_split, values, grid, offsets)
 
 
@@ -270,15 +272,14 @@ def launch_seconds(gpu: GPUSpec, calibration: Calibration, kernels: Sequence[Lau
     """A reduction's time beside its bytes on ``gpu`` (see the module's notes): the SMs' time over the inputs
     whose offsets they work out dimension by dimension (which bounds the kernel where its bytes do not), and
     the time its split launches add after their work: each one's staging steps and its semaphores' memset."""
-    cycles = gpu.sm_count * gpu.boost_clock
     rate = calibration.efficiency.get("reduction_rate")
     step_cycles = calibration.reduction_cycles.get("staging", 0.0)
     sm_threads = threads_per_sm(gpu.compute_capability)
     work = staging = 0.0
     for kernel in kernels:
-        if kernel.offsets and rate and cycles:
-            work += kernel.elements / (rate * cycles)
         blocks = blocks_per_output(kernel, gpu.sm_count, sm_threads)
+        if kernel.offsets and rate and gpu.boost_clock:  # on the SMs its blocks occupy
+            work += kernel.elements / (rate * min(gpu.sm_count, kernel.grid * blocks) * gpu.boost_clock)
         if blocks > 1:
             staging += calibration.kernel_seconds  # the semaphores' memset
             if step_cycles and gpu.boost_clock:
