@@ -75,12 +75,14 @@ class Launch(NamedTuple):
 
 
 class Reduction(NamedTuple):
-    """What a reduction op reduces: its input, the dimensions, its result (where it has one) and its arguments by name."""
+    """What a reduction op reduces: its input, the dimensions, its result (where it has one), its arguments by name
+    and its accumulator (the op registry's :attr:`~..ops.OpInfo.accumulator`)."""
 
     source: torch.Tensor
     reduced: set[int]
     result: torch.Tensor | None
     bound: dict[str, Any]
+    accumulator: str
 
 
 def reduction_of(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Reduction | None:
@@ -97,7 +99,7 @@ def reduction_of(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Redu
         return None
     reduced = _reduced_dims(bound.get("dim"), source.dim())
     result = next((t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)), None)
-    return Reduction(source, reduced, result, bound)
+    return Reduction(source, reduced, result, bound, info.accumulator)
 
 
 def _reduced_dims(dims: Any, ndim: int) -> set[int]:
@@ -263,7 +265,7 @@ def launches(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> tuple[La
     reduction = reduction_of(func, args, kwargs, out)
     if reduction is None:
         return ()
-    source, reduced, result, _ = reduction
+    source, reduced, result, _, _ = reduction
     geometry = iterator(source, reduced, (result if result is not None else source).element_size())
     return () if geometry is None else tuple(launch(part, source) for part in geometry[0])
 

@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from ...ops import op_info
 from ..gpus import threads_per_sm
 from ..reduce_kernel import Launch, blocks_per_output, iterator, launch, reduction_of
 
@@ -78,12 +77,11 @@ def reduction_scratch(
     buffer and semaphores where its blocks meet (none where each output's inputs fit one block);
     for one too large for 32-bit indexing that cannot accumulate in its output, an accumulator
     of its outputs first, held across its parts."""
-    info = op_info(func)
     reduction = reduction_of(func, args, kwargs, out)
-    if reduction is None or info is None or info.accumulator is None:
+    if reduction is None:
         return []
-    accumulator = ACCUMULATOR_BYTES[info.accumulator]
-    source, reduced, result, bound = reduction
+    source, reduced, result, bound, kind = reduction
+    accumulator = ACCUMULATOR_BYTES[kind]
     if (name in ("aten.max", "aten.min")) and isinstance(bound.get("dim"), int):
         arg_bytes = _with_index(source.dtype)  # max.dim / min.dim: values and indices
     elif accumulator is _opmath and result is not None and result.is_floating_point():
