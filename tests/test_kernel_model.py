@@ -14,7 +14,7 @@ from pytest_modelprof.engine.calibrate import KernelFit, fit_kernels
 from pytest_modelprof.engine.meters import Meter
 from pytest_modelprof.engine.meters.predicted import issuer
 from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
-from pytest_modelprof.engine.targets.cost import Work, kernel_seconds, rnn_kernels, rnn_recurrent_bytes
+from pytest_modelprof.engine.targets.cost import Work, kernel_seconds
 from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction, simt_batched_tiles, simt_integer_factor
 from pytest_modelprof.engine.targets.products import Gemm, gemms_of
 
@@ -192,17 +192,6 @@ def test_float32_products_run_on_tf32_tensor_cores_only_where_the_run_allowed_it
     assert simt.bound == tensor.bound == "compute" and simt.seconds > 4 * tensor.seconds
 
 
-def test_a_recurrent_layer_reads_its_recurrent_weights_again_at_every_step_by_hand():
-    lstm = nn.LSTM(32, 64, num_layers=2, device="meta")
-    x = torch.empty(10, 4, 32, device="meta")  # 10 steps of a batch of 4
-    weights = [w for w in lstm._flat_weights]
-    args = (x, weights, 4, None, torch.empty(2, 4, 64, device="meta"), torch.empty(2, 4, 64, device="meta"), 2, 64, 0, 2, False)
-    args = (*args, 0.0, True, False, [], None)
-    # each layer's w_hh, 4 x 64 gates by 64, in float32, read at each of the 9 steps after the first
-    assert rnn_recurrent_bytes("aten._cudnn_rnn", args) == 2 * (4 * 64 * 64 * 4) * 9
-    assert rnn_kernels("aten._cudnn_rnn", args) == 2 * 10 * 2  # the product and the cell's kernel, per step and layer
-
-
 def test_neusights_kernels_are_read_as_their_launches_show():
     """The data's first T4 linear row: 58 x 13 input, 141 output features; its kernel, volta_sgemm_32x128_tn,
     launched a 5 x 1 grid: ceil(141 / 32) x ceil(58 / 128), so the output is 58 x 141 reduced over 13."""
@@ -289,17 +278,6 @@ def test_every_op_run_for_an_autograd_node_is_issued_by_the_engine_the_losss_bac
     profile(model, x, train=True, loss_fn=lambda out: loss(out, y), meters=[Issuers()], flops=False, memory=False)
     assert issuers[("loss", "aten.nll_loss_backward")] == {"engine"}  # run by the loss's node, in the backward pass
     assert issuers[("forward", "aten.addmm")] == {"recorded"} and issuers[("backward", "aten.mm")] == {"engine"}
-
-
-def test_a_packed_sequence_steps_once_per_batch_size():
-    lstm = nn.LSTM(8, 16)
-    lengths = [5, 3, 2]
-    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(5, 3, 8), lengths)
-    assert list(packed.batch_sizes) == [3, 3, 2, 1, 1]  # 5 steps over 10 tokens
-    args = (packed.data, list(lstm._flat_weights), 4, None, torch.zeros(1, 3, 16), torch.zeros(1, 3, 16), 2, 16, 0, 1, False)
-    args = (*args, 0.0, True, False, list(packed.batch_sizes), None)
-    assert rnn_kernels("aten._cudnn_rnn", args) == 2 * 5
-    assert rnn_recurrent_bytes("aten._cudnn_rnn", args) == 4 * 16 * 16 * 4 * 4  # w_hh read again at the 4 steps after the first
 
 
 def test_figures_a_model_cannot_run_with_are_refused():

@@ -291,15 +291,15 @@ def test_an_h100_step_reserves_what_the_record_reserved(name):
 
 
 def test_the_shipped_calibration_predicts_the_recorded_h100_steps_as_the_docs_say():
-    # docs/targets.md: "with the shipped fit, median error 3.5%, worst 8.4%": each step's predicted time
-    # against its median measured one (20 steps timed with CUDA events), to the rounding of those figures
+    # docs/targets.md: "with the shipped fit, median error 2.6%, worst 24.8%" (the LSTM's training step): each step's
+    # predicted time against its median measured one (20 steps timed with CUDA events), to the rounding of those figures
     errors = {
         name: abs(h100_step(name)[0].predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
         for name, record in gpu_truth.records().items()
     }
     assert len(errors) == 9
-    assert statistics.median(errors.values()) < 0.0355
-    assert max(errors.values()) < 0.0845, errors
+    assert statistics.median(errors.values()) < 0.0265
+    assert max(errors.values()) < 0.2485, errors
 
 
 # pytest_modelprof/data/gpu-truth/h200.json: twenty workloads kept out of every fit, on an H200 ---------------

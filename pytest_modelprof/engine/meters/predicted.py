@@ -23,13 +23,13 @@ from ..targets.cost import (
     norm_elements,
     norm_work,
     pool_elements,
-    rnn_kernels,
-    rnn_recurrent_bytes,
     strided_elements,
     tf32_allowed,
 )
 from ..targets.gpus import GPUSpec
 from ..targets.products import gemms_of, relayout_bytes
+from ..targets.recurrent import kernels as recurrent_kernels
+from ..targets.recurrent import recurrent_of
 from ..targets.reduce_kernel import launches
 from . import Meter, Op
 
@@ -113,9 +113,9 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     dtype = next((t.dtype for t in (*tensors, *outputs) if t.is_floating_point()), torch.float32)
     lists = [a for a in op.args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
     kernels = foreach_kernels(len(lists[0])) if op.name.startswith("aten._foreach_") and lists else 1
-    if kind == "rnn":
-        kernels = rnn_kernels(op.name, op.args)
-        nbytes += rnn_recurrent_bytes(op.name, op.args)
+    recurrent = recurrent_of(op.name, op.args) if kind == "rnn" else None
+    if recurrent is not None:  # as the standard algorithm runs it; a GPU target's may differ (:mod:`..targets.recurrent`)
+        kernels = recurrent_kernels(recurrent, "standard")
     passes, reductions = norm_work(op.name, op.args) if kind in NORM_KINDS else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
     if kind in POOL_KINDS:
@@ -128,7 +128,9 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     relayout = relayout_bytes(op.name, op.args, op.out) if kind in ("conv", "conv_backward") else 0
     tf32 = tf32_allowed(kind)
     reduce = launches(op.func, op.args, op.kwargs, op.out) if kind == "memory" else ()
-    return Work(op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, who, tf32, elements, relayout, reduce)
+    return Work(
+        op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, who, tf32, elements, relayout, reduce, recurrent
+    )
 
 
 def issuer(op: Op, tensors: list[torch.Tensor]) -> Issuer:

@@ -15,7 +15,8 @@ Three shapes of work change how close a kernel comes to its peak. A matrix produ
 layer's steps) runs in waves of output tiles over the SMs, the tile the library would pick, its
 reduction split where its tiles would leave SMs idle (:func:`.products.product_seconds`); a
 convolution's backward pass (cuDNN's own kernels for the two gradients) has an efficiency of its
-own, and a recurrent layer re-reads its recurrent weights at every step (:func:`rnn_recurrent_bytes`).
+own, and a recurrent layer runs as cuDNN's algorithm for it does (:mod:`.recurrent`): step by step, its recurrent
+weights read again each step, or in one persistent kernel per layer.
 A normalisation goes over its data more than once and, where it runs only a few independent
 reductions (batch norm's channels), is bound by them rather than by the bandwidth
 (:func:`norm_work`); PyTorch's own batch-norm kernels (``norm_native``: the CUDA path where the
@@ -55,6 +56,9 @@ from ..ops import REGISTRY, Kernel
 from ..ops.iteration import non_overlapping_and_dense
 from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt_integer_factor
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
+from .recurrent import Recurrent, algorithm, persistent_cycles, reread_seconds
+from .recurrent import host_seconds as recurrent_host
+from .recurrent import kernels as recurrent_kernels
 from .reduce_kernel import Launch, launch_seconds
 
 # the registry's kinds of kernel, and the two a convolution's backward pass runs (see :func:`kind_of`)
@@ -182,6 +186,7 @@ class Work(NamedTuple):
     elements: int = 0
     relayout: int = 0  # bytes its library's layout transforms move on tensor cores, kernels of their own (:func:`.products.relayout_bytes`)
     launches: tuple[Launch, ...] = ()  # a reduction's kernels, as ATen lays out their blocks (:mod:`.reduce_kernel`)
+    recurrent: Recurrent | None = None  # a cuDNN recurrent call's shape: its algorithm, kernels and host (:mod:`.recurrent`)
 
 
 def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: float = 1.0) -> tuple[float, Bound]:
@@ -190,27 +195,36 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
     efficiency = calibration.efficiency
     kind = work.kind
     bandwidth = gpu.bandwidth * efficiency["memory"]
-    relayout = staging = 0.0
+    relayout = staging = persistent = reread = 0.0
+    call, kernels, gemms = work.recurrent, work.kernels, work.gemms
+    if call is not None:  # a cuDNN recurrent call: step by step, or in persistent kernels (see :mod:`.recurrent`)
+        chosen = algorithm(call, gpu.compute_capability, gpu.sm_count) if gpu.boost_clock else "standard"
+        kernels, reread = recurrent_kernels(call, chosen), reread_seconds(call, chosen, bandwidth, gpu.l2_bytes)
+        if chosen != "standard":  # the recurrent products run inside the persistent kernels, the inputs' apart
+            persistent, gemms = persistent_cycles(call, chosen) / gpu.boost_clock, gemms[::2]
     if kind in COMPUTE_KINDS:
         peak, tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)
         unit_efficiency = efficiency.get(kind if tensor_cores else f"{kind}_simt", efficiency.get(kind, 1.0))
         peak *= clock_fraction(gpu, duty, calibration.power_exponent) * unit_efficiency
         if not tensor_cores:  # the loop's integer instructions may take FP32 lanes from the FMAs
             peak *= simt_integer_factor(gpu, calibration)
-        if work.gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
+        if gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
             sms, split = gpu.sm_count, kind in LIBRARY_KINDS
             batched = () if tensor_cores or not split else simt_batched_tiles(gpu)  # (the library's batched "nn" kernels')
             half = gemm_half_key(kind, tensor_cores)
             half = half if half in calibration.gemm_half else STAND_IN.get(half, half)
-            compute = sum(
-                product_seconds(
-                    g, work.flops * g.share, peak, sms, calibration, tensor_cores, split, batched if _batched_nn(g) else (), half
+            compute = (
+                sum(
+                    product_seconds(
+                        g, work.flops * g.share, peak, sms, calibration, tensor_cores, split, batched if _batched_nn(g) else (), half
+                    )
+                    for g in gemms
                 )
-                for g in work.gemms
+                + persistent
             )
         else:
-            compute = work.flops / peak
-        memory = work.bytes / bandwidth
+            compute = work.flops / peak + persistent
+        memory = work.bytes / bandwidth + reread
         if tensor_cores and work.relayout:  # transposed into the kernels' layout and back, before and after them
             relayout = work.relayout / bandwidth + calibration.kernel_seconds * RELAYOUT_KERNELS
     elif kind in POOL_KINDS:
@@ -236,7 +250,7 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
             offsets,
         )
     # each kernel's start and finish, beside its work; a split reduction's staging after it
-    fixed = calibration.kernel_seconds * work.kernels + staging
+    fixed = calibration.kernel_seconds * kernels + staging
     seconds = fixed + max(compute, memory) + relayout
     if fixed > max(compute, memory):
         return seconds, "launch"
@@ -357,46 +371,6 @@ def _batched_nn(gemm: Gemm) -> bool:
     return gemm.batch > 1 and gemm.layout == "nn"
 
 
-RNN_STEP_KERNELS = 2  # a recurrent layer's step: the product with the recurrent weights, then the cell's pointwise kernel
-
-
-def rnn_kernels(name: str, args: tuple[object, ...]) -> int:
-    """Kernels a cuDNN recurrent op runs: :data:`RNN_STEP_KERNELS` per step, layer and direction, one after
-    another (its recurrence is sequential)."""
-    x = args[0]
-    if not isinstance(x, torch.Tensor) or x.dim() < 2:
-        return 1
-    backward = name.endswith("_backward")
-    layers = args[13 if backward else 9]
-    bidirectional = args[17 if backward else 13]
-    sequences = (layers if isinstance(layers, int) else 1) * (2 if bidirectional else 1)
-    return RNN_STEP_KERNELS * _rnn_steps(name, args) * sequences
-
-
-def _rnn_steps(name: str, args: tuple[object, ...]) -> int:
-    """A cuDNN recurrent op's time steps: a packed sequence's batch sizes (one per step), else its input's."""
-    x = args[0]
-    if not isinstance(x, torch.Tensor) or x.dim() < 2:
-        return 1
-    backward = name.endswith("_backward")
-    batch_sizes = argument(args, 18 if backward else 14)
-    if isinstance(batch_sizes, (list, tuple)) and batch_sizes:
-        return len(batch_sizes)
-    batch_first = args[14 if backward else 10]
-    return int(x.shape[1] if batch_first and x.dim() == 3 else x.shape[0])
-
-
-def rnn_recurrent_bytes(name: str, args: tuple[object, ...]) -> int:
-    """The bytes a cuDNN recurrent op reads again at every step beyond the first: each layer's and
-    direction's recurrent weights (the step's product is with them)."""
-    weights, stride = argument(args, 1), argument(args, 2)
-    if not isinstance(weights, (list, tuple)) or not isinstance(stride, int) or stride < 2:
-        return 0
-    recurrent = [weights[i + 1] for i in range(0, len(weights) - 1, stride)]
-    per_step = sum(w.numel() * w.element_size() for w in recurrent if isinstance(w, torch.Tensor))
-    return per_step * max(0, _rnn_steps(name, args) - 1)
-
-
 _BATCH_NORM_EVAL = frozenset(
     {"aten._native_batch_norm_legit_no_training", "aten._batch_norm_no_update"}
 )  # inference batch norm: running statistics, one pass
@@ -476,11 +450,18 @@ class StepClock:
         seconds: float = 0.0
         bound: Bound = "launch"
         issue = calibration.view_seconds if work.kind == "none" else calibration.host(work.issuer)
+        launch = self.host + issue  # when its first kernel is launched
+        call = work.recurrent
+        if call is not None:  # cuDNN's work on the host, then each step's launches, the GPU running them meanwhile
+            gpu = self.gpu
+            fixed, steps = recurrent_host(call, algorithm(call, gpu.compute_capability, gpu.sm_count) if gpu.boost_clock else "standard")
+            launch += fixed
+            issue += fixed + steps
         self.host += issue
         self.issuing += issue
         if work.kind != "none" and work.on_device:
             seconds, bound = kernel_seconds(self.gpu, calibration, work)
-            self.device = max(self.host, self.device) + seconds
+            self.device = max(max(launch, self.device) + seconds, self.host)
             self.busy += seconds
         if work.name in SYNCHRONIZING and work.on_device:  # the host waits for a value on the GPU
             self.host = max(self.host, self.device)
