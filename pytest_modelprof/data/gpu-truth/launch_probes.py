@@ -13,11 +13,12 @@ Two families of rows:
   kernel's own duration from the profiler (``kernel_us``); the difference is the GPU's time between two kernels of a
   stream when nothing waits on the host.
 
-    python launch_probes.py OUT.json [--algo | --split | --sync]
+    python launch_probes.py OUT.json [--algo | --split | --sync | --phases NAMES]
 
 ``--algo``: instead, which recurrent algorithm cuDNN ran (``algo``), by cell, hidden size, batch, layers and dtype.
 ``--split``: instead, the host's time for a recurrent layer's inference, training forward, backward and whole step (``split``).
 ``--sync``: instead, whether a recurrent layer's call waits for the GPU (``sync``): its time to issue behind a sleeping kernel.
+``--phases NAMES``: instead, the host's time for each phase of those ``capture.py`` training steps (``phases``).
 """
 
 from __future__ import annotations
@@ -272,8 +273,88 @@ def sync_rows():
     return rows
 
 
+def phase_rows(names):
+    """The host's time for each phase of a training step of ``capture.py``'s workloads, the GPU idle at its start: the
+    forward pass with its loss, the backward pass, the optimizer's step and zero_grad; each phase's ATen ops (as a
+    dispatch mode sees them) and its kernels' count and time on the GPU (whether the host or the GPU sets its pace)."""
+    from capture import WORKLOADS, loss_of
+
+    rows = []
+    for name in names:
+        build, make_x, train, dtype, autocast, opt_name = WORKLOADS[name]
+        torch.manual_seed(0)
+        model = build().to("cuda")
+        if dtype is not None:
+            model = model.to(dtype)
+        model.train(True)
+        x = make_x("cuda", dtype or torch.float32)
+        opt = {"sgdm": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), "adamw": torch.optim.AdamW,
+               "adam": torch.optim.Adam}[opt_name](model.parameters())
+        state = {}
+
+        def forward():
+            with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+                state["loss"] = loss_of(model(x))
+
+        def backward():
+            state.pop("loss").backward()
+
+        def step():
+            opt.step()
+
+        def zero():
+            model.zero_grad(set_to_none=True)
+
+        phases = (("forward", forward), ("backward", backward), ("optimizer", step), ("zero_grad", zero))
+        for _ in range(3):
+            for _, fn in phases:
+                fn()
+        torch.cuda.synchronize()
+        times = {label: [] for label, _ in phases}
+        for _ in range(7):
+            for label, fn in phases:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                fn()
+                times[label].append((time.perf_counter() - start) * 1e6)
+        torch.cuda.synchronize()
+        row = {"name": name}
+        for label, fn in phases:
+            if label == "backward":
+                forward()
+                torch.cuda.synchronize()
+            seen = _Seen()
+            with seen:
+                fn()
+            if label == "backward":
+                forward()
+                torch.cuda.synchronize()
+            kernels = _kernels(fn)
+            if label == "forward":
+                state.pop("loss", None)
+            row[label] = {"issue_us": round(min(times[label]), 1), "issue_us_median": round(statistics.median(times[label]), 1),
+                          "ops": sum(seen.ops.values()), "op_counts": dict(seen.ops),
+                          "kernel_count": sum(c for c, _ in kernels.values()),
+                          "kernel_us": round(sum(us for _, us in kernels.values()), 1)}
+            if label == "forward":
+                forward()
+        state.clear()
+        rows.append(row)
+        print(name, {k: (v["issue_us"], v["ops"], v["kernel_count"], v["kernel_us"]) for k, v in row.items() if k != "name"}, flush=True)
+        del model, opt, x
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     torch.backends.cudnn.benchmark = False
+    if "--phases" in sys.argv:
+        names = sys.argv[sys.argv.index("--phases") + 1].split(",")
+        out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+               "host": _host(), "phases": phase_rows(names)}
+        with open(sys.argv[1], "w") as f:
+            json.dump(out, f, indent=1)
+        return
     if "--sync" in sys.argv:
         out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                "host": _host(), "sync": sync_rows()}
