@@ -28,7 +28,6 @@ from ..targets.cost import (
 )
 from ..targets.gpus import GPUSpec
 from ..targets.products import gemms_of, relayout_bytes
-from ..targets.recurrent import kernels as recurrent_kernels
 from ..targets.recurrent import recurrent_of
 from ..targets.reduce_kernel import launches
 from . import Meter, Op
@@ -113,9 +112,7 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     dtype = next((t.dtype for t in (*tensors, *outputs) if t.is_floating_point()), torch.float32)
     lists = [a for a in op.args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
     kernels = foreach_kernels(len(lists[0])) if op.name.startswith("aten._foreach_") and lists else 1
-    recurrent = recurrent_of(op.name, op.args) if kind == "rnn" else None
-    if recurrent is not None:  # as the standard algorithm runs it; a GPU target's may differ (:mod:`..targets.recurrent`)
-        kernels = recurrent_kernels(recurrent, "standard")
+    recurrent = recurrent_of(op.name, op.args) if kind == "rnn" else None  # its kernels by the GPU's algorithm (cost)
     passes, reductions = norm_work(op.name, op.args) if kind in NORM_KINDS else (1.0, 0)
     gemms = gemms_of(op.name, op.args, op.out) if kind in COMPUTE_KINDS else ()
     if kind in POOL_KINDS:

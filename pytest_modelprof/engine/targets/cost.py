@@ -56,7 +56,7 @@ from ..ops import REGISTRY, Kernel
 from ..ops.iteration import non_overlapping_and_dense
 from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt_integer_factor
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
-from .recurrent import Recurrent, algorithm, persistent_cycles, reread_seconds
+from .recurrent import Recurrent, algorithm_on, persistent_cycles, reread_seconds
 from .recurrent import host_seconds as recurrent_host
 from .recurrent import kernels as recurrent_kernels
 from .reduce_kernel import Launch, launch_seconds
@@ -174,7 +174,7 @@ class Work(NamedTuple):
     flops: int
     bytes: int  # read and written once each
     dtype: torch.dtype
-    kernels: int = 1
+    kernels: int = 1  # (a cuDNN recurrent call's, by the algorithm on the GPU: :func:`.recurrent.kernels`)
     gemms: tuple[Gemm, ...] = ()  # the matrix products it runs on tensor cores (see :func:`gemms_of`)
     passes: float = 1.0  # times a normalisation goes over its data, relative to ``bytes`` once
     reductions: int = 0  # independent reductions a normalisation runs side by side; 0: not what limits it
@@ -198,7 +198,7 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
     relayout = staging = persistent = reread = 0.0
     call, kernels, gemms = work.recurrent, work.kernels, work.gemms
     if call is not None:  # a cuDNN recurrent call: step by step, or in persistent kernels (see :mod:`.recurrent`)
-        chosen = algorithm(call, gpu.compute_capability, gpu.sm_count) if gpu.boost_clock else "standard"
+        chosen = algorithm_on(gpu, call)
         kernels, reread = recurrent_kernels(call, chosen), reread_seconds(call, chosen, bandwidth, gpu.l2_bytes)
         if chosen != "standard":  # the recurrent products run inside the persistent kernels, the inputs' apart
             persistent, gemms = persistent_cycles(call, chosen) / gpu.boost_clock, gemms[::2]
@@ -222,8 +222,8 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
                 )
                 + persistent
             )
-        else:
-            compute = work.flops / peak + persistent
+        else:  # (a persistent call whose products are not known: its kernels' time, or its FLOPs' if longer)
+            compute = max(work.flops / peak, persistent)
         memory = work.bytes / bandwidth + reread
         if tensor_cores and work.relayout:  # transposed into the kernels' layout and back, before and after them
             relayout = work.relayout / bandwidth + calibration.kernel_seconds * RELAYOUT_KERNELS
@@ -454,7 +454,7 @@ class StepClock:
         call = work.recurrent
         if call is not None:  # cuDNN's work on the host, then each step's launches, the GPU running them meanwhile
             gpu = self.gpu
-            fixed, steps = recurrent_host(call, algorithm(call, gpu.compute_capability, gpu.sm_count) if gpu.boost_clock else "standard")
+            fixed, steps = recurrent_host(call, algorithm_on(gpu, call))
             launch += fixed
             issue += fixed + steps
         self.host += issue

@@ -18,21 +18,25 @@ Measured on an H100 and an H200 (cuDNN 9.19, torch 2.11; ``pytest_modelprof/data
 - a persistent kernel's time is a start (loading its weights) and a time per step, each a constant plus a cost per
   recurrent weight, in SM cycles (:data:`SMALL_CYCLES`); the small algorithm in float16 with a batch of 8 or more ran
   kernels on tensor cores with constants of their own; the static one's step grows with the batch, not the hidden
-  size (:data:`STATIC_CYCLES`); a backward pass's persistent kernels took :data:`BACKWARD_FACTOR` times the forward's;
+  size (:data:`STATIC_CYCLES`); a backward pass's persistent kernels start sooner and step slower than the forward's
+  (:data:`BACKWARD_FACTORS`);
 - the standard algorithm's products read the recurrent weights again each step, from the L2 where a layer's fit it
   (:func:`reread_seconds`);
 - the host: a call costs it :data:`CALL_HOST` (its descriptors and workspaces; a backward call more, per layer and
   direction), and each step of the standard algorithm :data:`STEP_HOST` (a cuBLAS call and a launch), forward or
-  backward: a two-layer LSTM over 256 steps issues 1,043 kernels in 10-11 ms where they run in 5.5-5.9 ms.
+  backward: a two-layer LSTM over 256 steps issues 1,043 kernels in 10-14 ms where they run in 5.5-5.9 ms.
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 
 from .products import argument, as_tensor
+
+if TYPE_CHECKING:
+    from .gpus import GPUSpec
 
 Algorithm = Literal["standard", "small", "static"]
 
@@ -43,33 +47,42 @@ GATES = {0: 1, 1: 1, 2: 4, 3: 3}  # products with the recurrent weights a cell r
 _FORWARD = (6, 7, 8, 9, 10, 13, 14)
 _BACKWARD = (10, 11, 12, 13, 14, 17, 18)
 
-# the standard algorithm, per step, layer and direction: forward the product and the cell's kernel, backward a memset
-# beside them; and the products with the input, over chunks of steps: forward one per 32 steps, backward two per 16
-# (the input's gradient), then the weights' gradients (two): 1,040 and 1,644 kernels for a two-layer LSTM over 256
-# steps, as an H200 ran
+# the standard algorithm, per step, layer and direction: forward the product and the cell's kernel (a GRU's and a plain
+# RNN's in float32 a memset before the product too: 1,566 and 1,558 kernels over 2 layers and 256 steps, as the H100
+# and the H200 ran at batch 32; at some other sizes cuBLAS's product took none), backward a memset beside them; and
+# the products with the input, over chunks of steps: forward one per 32 steps, backward two per 16 (the input's
+# gradient), then the weights' gradients (two): 1,040 and 1,644 kernels for a two-layer LSTM over 256 steps
 STEP_KERNELS = {False: 2, True: 3}
 CHUNK_STEPS = {False: 32, True: 8}
 LAYER_KERNELS = {False: 0, True: 2}
-PERSISTENT_KERNELS = {False: 2, True: 8}  # persistent algorithms, per layer and direction: the persistent kernel and
-# its input's product; backward, also the weights' gradients and their memsets (a two-layer LSTM: 28 kernels)
+# persistent algorithms, per layer and direction: the persistent kernel and its input's product; backward, also the
+# weights' gradients and their memsets (a one-layer LSTM's training step ran 21 kernels, its inference 4, the initial
+# states' and the loss's among them)
+PERSISTENT_KERNELS = {False: 2, True: 8}
 
 # a persistent kernel: start + per_weight * W, then each step step + step_weight * W + per_gate * gates, in SM cycles
-# (W: the layer's recurrent weights, gates x hidden^2); fitted by benchmarks/recurrent.py on h100-rnn-algo.json's
-# persistent kernels (124 on CUDA cores, median |error| 6%, largest 22%; 60 on tensor cores, 5% and 21%)
+# (W: the layer's recurrent weights, gates x hidden^2); fitted by benchmarks/recurrent.py on the forward persistent
+# kernels of h100-rnn-algo.json and the two launch files (124 on CUDA cores, median |error| 6%, largest 22%; 60 on
+# tensor cores, 5% and 21%)
 SMALL_CYCLES = {  # (start, per_weight, step, step_weight, per_gate)
     "cuda_cores": (1344.0, 1.245, 526.0, 0.0154, 11.7),
     "tensor_cores": (62.0, 0.0019, 990.0, 0.0305, 293.0),
 }
-STATIC_CYCLES = (1192.0, 1928.0, 163.0)  # (start, step, step per sample in the batch): 18 kernels, median 17%, largest 42%
-BACKWARD_FACTOR = 1.4  # a backward pass's persistent kernel against its forward's (LSTM 1.45, GRU 1.15, RNN 1.42)
+STATIC_CYCLES = (1192.0, 1928.0, 163.0)  # (start, step, step per sample in the batch): 18 kernels, median 16%, largest 42%
+# a backward pass's persistent kernel against its forward's: its start and its steps (the launch files' one-layer to
+# three-layer probes over 32 and 256 steps: the steps 1.55 times an LSTM's, 1.2 a GRU's, 1.47 a plain RNN's; the start
+# 0.1 to 0.25 times)
+BACKWARD_FACTORS = (0.2, 1.5)
 TENSOR_CORE_BATCH = 8  # the small algorithm in float16 ran on tensor cores from this batch (1: on CUDA cores)
 
 CALL_HOST = {False: (160e-6, 0.0), True: (200e-6, 330e-6)}  # seconds a call costs the host: (fixed, per layer and
-# direction), forward and backward (medians over 12 calls of one and two layers, a few steps each)
+# direction), forward and backward (over 12 persistent calls of one and two layers: forward 0.13-0.30 ms)
 # the L2's rate against the memory's for what it holds: an elementwise kernel over what the kernel before it wrote, 24 to
 # 36 MB in all, ran 1.9 (H100) and 1.6 (H200) times as fast as over what the L2 did not hold (h100-l2.json, h200-l2.json)
 L2_REREAD = 1.7
-STEP_HOST = 20e-6  # seconds each step of the standard algorithm costs the host, per layer and direction (18-24 us)
+# seconds each step of the standard algorithm costs the host, per layer and direction: by least squares over 16 to 256
+# steps, an LSTM's 26 us in inference, 19 in a training forward, 20 backward; a GRU's 22, 23 and 38 (h200-rnn-split.json)
+STEP_HOST = 20e-6
 
 
 class Recurrent(NamedTuple):
@@ -169,12 +182,19 @@ def _static_device(call: Recurrent, capability: tuple[int, int], sm_count: int) 
     return False
 
 
+def algorithm_on(gpu: GPUSpec, call: Recurrent) -> Algorithm:
+    """:func:`algorithm` on ``gpu``; the standard one where its clock is not known (a persistent kernel's time is in
+    cycles)."""
+    return algorithm(call, gpu.compute_capability, gpu.sm_count) if gpu.boost_clock else "standard"
+
+
 def kernels(call: Recurrent, chosen: Algorithm) -> int:
     """The kernels the call runs."""
     if chosen == "standard":
         backward = call.backward
         chunks = -(-call.steps // CHUNK_STEPS[backward])
-        return (STEP_KERNELS[backward] * call.steps + chunks + LAYER_KERNELS[backward]) * call.sequences
+        per_step = STEP_KERNELS[backward] + (not backward and call.mode != 2 and call.dtype == torch.float32)
+        return (per_step * call.steps + chunks + LAYER_KERNELS[backward]) * call.sequences
     return PERSISTENT_KERNELS[call.backward] * call.sequences
 
 
@@ -184,13 +204,15 @@ def persistent_cycles(call: Recurrent, chosen: Algorithm) -> float:
         return 0.0
     if chosen == "static":
         start, step, per_sample = STATIC_CYCLES
-        one = start + call.steps * (step + per_sample * call.batch)
+        first, each = start, step + per_sample * call.batch
     else:
         unit = "tensor_cores" if call.dtype == torch.float16 and call.batch >= TENSOR_CORE_BATCH else "cuda_cores"
         start, per_weight, step, step_weight, per_gate = SMALL_CYCLES[unit]
         weights = call.recurrent_weights
-        one = start + per_weight * weights + call.steps * (step + step_weight * weights + per_gate * GATES.get(call.mode, 1))
-    return one * call.sequences * (BACKWARD_FACTOR if call.backward else 1.0)
+        first, each = start + per_weight * weights, step + step_weight * weights + per_gate * GATES.get(call.mode, 1)
+    if call.backward:
+        first, each = first * BACKWARD_FACTORS[0], each * BACKWARD_FACTORS[1]
+    return (first + call.steps * each) * call.sequences
 
 
 def host_seconds(call: Recurrent, chosen: Algorithm) -> tuple[float, float]:
