@@ -127,10 +127,10 @@ def recurrent_of(name: str, args: tuple[object, ...]) -> Recurrent | None:
     if packed:
         assert isinstance(batch_sizes, (list, tuple))
         steps, batch = len(batch_sizes), int(max(batch_sizes))
-    elif x.dim() == 3:
+    elif x.dim() == 3:  # (nn.LSTM and its kin give an unbatched sequence a batch of one before calling ATen)
         steps, batch = (x.shape[1], x.shape[0]) if batch_first is True else (x.shape[0], x.shape[1])
-    else:  # an unbatched sequence
-        steps, batch = x.shape[0], 1
+    else:
+        return None
     assert isinstance(mode, int) and isinstance(hidden, int) and isinstance(layers, int)
     directions = 2 if bidirectional is True else 1
     fields = (mode, hidden, int(x.shape[-1]), int(batch), int(steps), layers, directions, x.dtype, backward, packed, bool(proj))
