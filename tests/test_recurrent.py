@@ -193,6 +193,24 @@ def test_a_training_steps_calls_are_read_forward_and_backward():
         assert one.weight_bytes == 2 * 2 * 3 * 48 * 48 * 4 and not one.packed and not one.projected
 
 
+def test_an_lstm_with_a_projection_runs_step_by_step():
+    """ATen asks for the standard algorithm whenever an LSTM projects its hidden state (proj_size), however small."""
+    calls = []
+
+    class Calls(Meter):
+        def op(self, op):
+            if op.name == "aten._cudnn_rnn":
+                calls.append(recurrent_of(op.name, op.args))
+
+    with torch.device("meta"):
+        lstm = nn.LSTM(16, 64, proj_size=32, batch_first=True)
+    profile(lstm, torch.empty(4, 9, 16, device="meta"), target="h100", meters=[Calls()], flops=False, memory=False)
+    (one,) = calls
+    assert one.projected and (one.hidden, one.steps, one.batch) == (64, 9, 4)
+    assert algorithm(one, H100.compute_capability, H100.sm_count) == "standard"
+    assert algorithm(one._replace(projected=False), H100.compute_capability, H100.sm_count) == "small"
+
+
 LSTM_STEPS = {  # every capture of the two LSTM workloads: file, workload (step ms)
     "eval": [f"{f}.json" for f in ("h100-heldout", "h200", "h200-b", "h200-b-repeat", "h200-tf32", "h200-lstm", "h200-lstm-b")],
     "train": [f"{f}.json" for f in ("h100", "h100-shared-b", "h200", "h200-repeat", "h200-b", "h200-tf32", "h200-lstm", "h200-lstm-b")],
