@@ -27,27 +27,16 @@ import json
 import statistics
 import sys
 import time
-from collections import Counter
 
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, __file__.rpartition("/")[0] or ".")
 from capture import _host  # noqa: E402
+from host_probes import _Seen  # noqa: E402
 
 SIZES = {"tiny": (64, 64, 1), "large": (512, 1024, 32)}  # input size, hidden size, batch
-
-
-class _Seen(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _kernels(fn):
@@ -349,32 +338,17 @@ def phase_rows(names):
 def main():
     torch.backends.cudnn.benchmark = False
     if "--phases" in sys.argv:
-        names = sys.argv[sys.argv.index("--phases") + 1].split(",")
-        out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-               "host": _host(), "phases": phase_rows(names)}
-        with open(sys.argv[1], "w") as f:
-            json.dump(out, f, indent=1)
-        return
-    if "--sync" in sys.argv:
-        out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-               "host": _host(), "sync": sync_rows()}
-        with open(sys.argv[1], "w") as f:
-            json.dump(out, f, indent=1)
-        return
-    if "--split" in sys.argv:
-        out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-               "host": _host(), "split": split_rows()}
-        with open(sys.argv[1], "w") as f:
-            json.dump(out, f, indent=1)
-        return
-    if "--algo" in sys.argv:
-        out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-               "host": _host(), "algo": algo_rows()}
-        with open(sys.argv[1], "w") as f:
-            json.dump(out, f, indent=1)
-        return
+        rows = {"phases": phase_rows(sys.argv[sys.argv.index("--phases") + 1].split(","))}
+    elif "--sync" in sys.argv:
+        rows = {"sync": sync_rows()}
+    elif "--split" in sys.argv:
+        rows = {"split": split_rows()}
+    elif "--algo" in sys.argv:
+        rows = {"algo": algo_rows()}
+    else:
+        rows = {"gap": gap_rows(), "rnn": rnn_rows()}
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-           "host": _host(), "gap": gap_rows(), "rnn": rnn_rows()}
+           "host": _host(), **rows}
     with open(sys.argv[1], "w") as f:
         json.dump(out, f, indent=1)
 
