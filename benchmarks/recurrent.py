@@ -30,13 +30,12 @@ sys.path.insert(0, str(ROOT))
 from pytest_modelprof import GPUS, profile  # noqa: E402
 from pytest_modelprof.engine.calibrate import _Features  # noqa: E402
 from pytest_modelprof.engine.targets.cost import StepClock  # noqa: E402
-from pytest_modelprof.engine.targets.recurrent import GATES, algorithm  # noqa: E402
+from pytest_modelprof.engine.targets.recurrent import GATES, algorithm_on  # noqa: E402
 from pytest_modelprof.engine.targets.recurrent import kernels as recurrent_kernels  # noqa: E402
 
 TRUTH = ROOT / "pytest_modelprof" / "data" / "gpu-truth"
 H100 = GPUS["h100"]
 MODES = {"LSTM": 2, "GRU": 3, "RNN": 1}
-PERSISTENT = ("ersist_fp", "lstm_tile")  # the persistent kernels' names: RNN_blockPersist_fp_*, RNN_persist_fp, *_lstm_tile*
 
 
 def predict(row: dict) -> tuple[float, float, float, int, str]:
@@ -55,7 +54,7 @@ def predict(row: dict) -> tuple[float, float, float, int, str]:
     for work, _ in features.ops:
         clock.issue(work)
         if work.recurrent is not None:
-            algo = algorithm(work.recurrent, H100.compute_capability, H100.sm_count)
+            algo = algorithm_on(H100, work.recurrent)
             count += recurrent_kernels(work.recurrent, algo)
             chosen = algo if not work.recurrent.backward else chosen
         elif work.kind != "none" and work.on_device:

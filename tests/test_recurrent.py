@@ -15,6 +15,7 @@ from pytest_modelprof.engine.meters import Meter
 from pytest_modelprof.engine.targets.cost import StepClock, Work
 from pytest_modelprof.engine.targets.recurrent import (
     CALL_HOST,
+    GATES,
     STEP_HOST,
     Recurrent,
     algorithm,
@@ -32,7 +33,7 @@ OTHERS = ("aten.zeros", "aten.sum", "aten.ones_like", "aten.add_", "aten._to_cop
 
 
 def call(mode=2, hidden=64, inputs=64, batch=1, steps=16, layers=1, directions=1, dtype=torch.float32, backward=False):
-    per_step = (4 if mode == 2 else 3 if mode == 3 else 1) * hidden * hidden * dtype.itemsize
+    per_step = GATES[mode] * hidden * hidden * dtype.itemsize
     return Recurrent(mode, hidden, inputs, batch, steps, layers, directions, dtype, backward, False, False, per_step * layers * directions)
 
 

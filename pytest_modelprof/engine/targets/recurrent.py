@@ -121,17 +121,16 @@ def recurrent_of(name: str, args: tuple[object, ...]) -> Recurrent | None:
     x = as_tensor(argument(args, 0))
     positions = _BACKWARD if backward else _FORWARD
     mode, hidden, proj, layers, batch_first, bidirectional, batch_sizes = (argument(args, i) for i in positions)
-    if x is None or x.dim() < 2 or not all(isinstance(v, int) for v in (mode, hidden, layers)):
+    if x is None or x.dim() < 2 or not (isinstance(mode, int) and isinstance(hidden, int) and isinstance(layers, int)):
         return None
-    packed = isinstance(batch_sizes, (list, tuple)) and len(batch_sizes) > 0
+    sizes = batch_sizes if isinstance(batch_sizes, (list, tuple)) else ()  # a packed sequence's, one per step
+    packed = len(sizes) > 0
     if packed:
-        assert isinstance(batch_sizes, (list, tuple))
-        steps, batch = len(batch_sizes), int(max(batch_sizes))
+        steps, batch = len(sizes), int(max(sizes))
     elif x.dim() == 3:  # (nn.LSTM and its kin give an unbatched sequence a batch of one before calling ATen)
         steps, batch = (x.shape[1], x.shape[0]) if batch_first is True else (x.shape[0], x.shape[1])
     else:
         return None
-    assert isinstance(mode, int) and isinstance(hidden, int) and isinstance(layers, int)
     directions = 2 if bidirectional is True else 1
     fields = (mode, hidden, int(x.shape[-1]), int(batch), int(steps), layers, directions, x.dtype, backward, packed, bool(proj))
     return Recurrent(*fields, _weight_bytes(args))
