@@ -4,14 +4,16 @@ import dataclasses
 import math
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_modelprof import GPUS, GPUSpec, profile
 from pytest_modelprof.engine.formulas import FormulaTable
-from pytest_modelprof.engine.meters import Op
+from pytest_modelprof.engine.meters import Meter, Op
 from pytest_modelprof.engine.meters.predicted import op_features
 from pytest_modelprof.engine.targets.cost import StepClock, Work, kernel_seconds, kind_of, norm_elements, norm_work
 from pytest_modelprof.engine.targets.gpus import HOST_RATIO, Calibration
@@ -80,6 +82,64 @@ def test_the_host_issues_the_backward_pass_for_less_and_inference_for_less_than_
     # a training step's forward is recorded, its backward issued by the engine
     ops = profile(model, x, train=True, target=GPU, flops=False, memory=False).predicted.ops
     assert {(row.op, row.phase) for row in ops} >= {("aten.addmm", "forward"), ("aten.mm", "backward")}
+
+
+class _Dispatched(TorchDispatchMode):
+    """Counts the ops autograd's engine dispatches, as a real step runs them (no saved-tensor hooks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Backward(Meter):
+    def __init__(self):
+        self.formulas, self.ops, self.free = FormulaTable(), Counter(), Counter()
+
+    def op(self, op):
+        if op.phase == "backward":
+            priced = op_features(op, self.formulas, "cuda").issuer != "profiler"
+            (self.ops if priced else self.free)[op.name] += 1
+
+
+def test_the_backward_pass_prices_the_ops_autograds_engine_dispatches_not_the_runs_own():
+    """An analytic CUDA-target run walks the backward pass in Python, its saved tensors held by hooks. Autograd
+    detaches each saved tensor an unpack hook hands back, and a batch norm's node copies its reserve where it is
+    not told it will be released: ops a real step does not run. The ops priced are those the engine dispatches in
+    a real backward pass of the same model, which ``_Dispatched`` counts on the CPU without hooks (where batch
+    norm is ATen's own, which saves no reserve)."""
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.Conv2d(8, 8, 3), nn.Sigmoid(), nn.Flatten(), nn.Linear(512, 4)
+        )
+
+    real = model()
+    loss = real(torch.randn(2, 3, 12, 12)).sum()
+    with _Dispatched() as engine:
+        loss.backward()
+    seen = _Backward()
+    profile(
+        model().to("meta"),
+        torch.empty(2, 3, 12, 12, device="meta"),
+        train=True,
+        target=GPUS["h100"],
+        flops=False,
+        memory=False,
+        meters=[seen],
+    )
+    # the saved inputs' detaches and batch norm's reserve copy are the run's own: the first convolution's weight (its
+    # input needs no gradient), the second's input and weight, batch norm's input and weight, the linear layer's
+    # input and transposed weight
+    assert seen.free == {"aten.detach": 7, "aten.clone": 1}
+    # the rest as the engine runs them: the eight parameters' accumulated gradients, ReLU's and sigmoid's saved outputs
+    assert seen.ops["aten.detach"] == engine.ops["aten.detach"] == 8 + 2
+    assert "aten.clone" not in seen.ops and "aten.clone" not in engine.ops
 
 
 class ReadsBack(nn.Module):

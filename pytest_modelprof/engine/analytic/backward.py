@@ -75,16 +75,26 @@ def current_node() -> Any:
     return _STATE.node if _STATE.node is not None else _current_autograd_node()
 
 
+_HANDED: list[weakref.ref[torch.Tensor]] = []  # the saved tensor the run's unpack hook handed back last, saved as it was
+
+
+def handed_back(tensor: Any) -> bool:
+    """Whether ``tensor`` is the last saved tensor the run's unpack hook handed back that was saved as it was (a leaf, or an
+    input of its node): autograd detaches it, where without hooks it hands it back as it is: the detach is the run's own."""
+    return bool(_HANDED) and _HANDED[0]() is tensor
+
+
 class _Holder:
     """One saved tensor, as autograd keeps it (the packed object): it lives as long as the node
     that saved it, and :meth:`SavedTensors.release` empties it once that node has run. For a hook
     pair pushed over the run's own, ``tensor`` is what that pair packed and ``unpack`` its unpack hook."""
 
-    __slots__ = ("__weakref__", "tensor", "unpack")
+    __slots__ = ("__weakref__", "original", "tensor", "unpack")
 
-    def __init__(self, tensor: Any, unpack: Callable[[Any], torch.Tensor] | None = None) -> None:
+    def __init__(self, tensor: Any, unpack: Callable[[Any], torch.Tensor] | None = None, original: bool = False) -> None:
         self.tensor: Any = tensor
         self.unpack = unpack
+        self.original = original  # saved as it was: a leaf, or an input of its node (see :func:`handed_back`)
 
 
 class _NestedPack:
@@ -146,7 +156,9 @@ class SavedTensors:
         self._clones: set[int] = set()  # the numbers of the nodes of in-place ops' clones
 
     def pack(self, tensor: torch.Tensor) -> _Holder:
-        return self.hold(self.owner(tensor), _Holder(tensor))
+        made_by = tensor.grad_fn  # an output of the node being made? (an in-place op's clone of its input is saved as an input)
+        output = made_by is not None and made_by._sequence_nr() == _peek_sequence_nr() - 1 and made_by.name() != "CloneBackward0"
+        return self.hold(self.owner(tensor), _Holder(tensor, original=not output))
 
     def owner(self, tensor: torch.Tensor) -> int:
         """The sequence number of the node that is saving ``tensor`` (see the class's notes)."""
@@ -173,6 +185,8 @@ class SavedTensors:
         if holder.unpack is not None:
             return holder.unpack(holder.tensor)
         tensor: torch.Tensor = holder.tensor
+        if holder.original:
+            _HANDED[:] = [weakref.ref(tensor)]
         return tensor
 
     @contextlib.contextmanager

@@ -8,6 +8,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ...results import ModuleStats, Phase, PredictedOp, PredictedReport, Profile
+from ..analytic.backward import handed_back
 from ..formulas import FormulaTable, cost_of
 from ..targets.cost import (
     COMPUTE_KINDS,
@@ -96,6 +97,8 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     ``device_type``: where the run keeps the target GPU's tensors; an op with all its tensors on the
     host elsewhere (Adam's step counts in an analytic run) runs no kernel. A sharded step, which
     stands the GPU's tensors on the CPU, cannot tell them apart."""
+    if op.phase == "backward" and run_own(op):
+        return Work(op.name, "none", 0, 0, torch.float32, 0, issuer="profiler")
     kind = kind_of(op.name, op.args)
     if kind == "none":
         return Work(op.name, kind, 0, 0, torch.float32, 0)
@@ -128,6 +131,22 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     return Work(
         op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, who, tf32, elements, relayout, reduce, recurrent
     )
+
+
+# autograd nodes that copy a tensor they saved where they are to keep it for another pass (``retain_variables``:
+# derivatives.yaml's ``retain_variables ? result3.clone() : result3``, a batch norm's or a cuDNN RNN's reserve);
+# the engine tells a node it will not (``will_release_variables``), which a node called from Python is never told
+RETAINING = frozenset({"CudnnBatchNormBackward0", "BatchNormWithUpdateBackward0", "BatchNormNoUpdateBackward0", "CudnnRnnBackward0"})
+
+
+def run_own(op: Op) -> bool:
+    """Whether a backward op is the analytic run's own, one its backward executor (:mod:`..analytic.backward`)
+    dispatches and the autograd engine does not: the detach autograd makes of a saved tensor the run's unpack hook
+    hands back (:func:`~..analytic.backward.handed_back`), a node's copy of what it saved (:data:`RETAINING`; not a
+    ``contiguous()`` of the gradient, which names its layout)."""
+    if op.name == "aten.detach":
+        return bool(op.args) and handed_back(op.args[0])
+    return op.name == "aten.clone" and not op.kwargs and type(op.node).__name__ in RETAINING
 
 
 def issuer(op: Op, tensors: list[torch.Tensor]) -> Issuer:

@@ -64,9 +64,11 @@ from .reduce_kernel import Launch, launch_seconds
 # the registry's kinds of kernel, and the two a convolution's backward pass runs (see :func:`kind_of`)
 Kind = Literal[Kernel, "conv_backward", "conv_narrow_backward"]
 Bound = Literal["compute", "memory", "launch"]
-Issuer = Literal["recorded", "plain", "engine"]
+Issuer = Literal["recorded", "plain", "engine", "profiler"]
 """Who issues an op on the host: Python with autograd recording it (a training step's forward), Python
-without (a forward under ``no_grad``, an optimizer's step), or autograd's engine in C++ (the backward pass)."""
+without (a forward under ``no_grad``, an optimizer's step), autograd's engine in C++ (the backward pass), or the
+profiler itself (an op of the analytic run's own backward executor that the real step does not issue: it costs
+nothing, host or GPU; see :func:`..meters.predicted.run_own`)."""
 KINDS: tuple[Kind, ...] = tuple(kind for kind in get_args(Kind) if kind != "none")  # each with its efficiency
 NORM_KINDS = frozenset({"norm", "norm_backward", "norm_native", "norm_native_backward"})  # see :func:`norm_work`
 NATIVE_NORM_KINDS = frozenset({"norm_native", "norm_native_backward"})  # PyTorch's own batch-norm kernels
@@ -449,6 +451,8 @@ class StepClock:
         calibration = self.calibration
         seconds: float = 0.0
         bound: Bound = "launch"
+        if work.issuer == "profiler":
+            return seconds, bound
         issue = calibration.view_seconds if work.kind == "none" else calibration.host(work.issuer)
         launch = self.host + issue  # when its first kernel is launched
         call = work.recurrent
