@@ -85,61 +85,62 @@ def test_the_host_issues_the_backward_pass_for_less_and_inference_for_less_than_
 
 
 class _Dispatched(TorchDispatchMode):
-    """Counts the ops autograd's engine dispatches, as a real step runs them (no saved-tensor hooks)."""
+    """Counts the ops autograd's engine dispatches in a real backward pass (no saved-tensor hooks), by node and op."""
 
     def __init__(self):
         super().__init__()
         self.ops = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
+        node = torch._C._current_autograd_node()
+        self.ops[(node.name() if node is not None else None, str(func.overloadpacket))] += 1
         return func(*args, **(kwargs or {}))
 
 
 class _Backward(Meter):
+    """The backward pass's ops the predicted meter prices and those it leaves free, by node and op."""
+
     def __init__(self):
         self.formulas, self.ops, self.free = FormulaTable(), Counter(), Counter()
 
     def op(self, op):
         if op.phase == "backward":
             priced = op_features(op, self.formulas, "cuda").issuer != "profiler"
-            (self.ops if priced else self.free)[op.name] += 1
+            (self.ops if priced else self.free)[(op.node.name(), op.name)] += 1
 
 
 def test_the_backward_pass_prices_the_ops_autograds_engine_dispatches_not_the_runs_own():
     """An analytic CUDA-target run walks the backward pass in Python, its saved tensors held by hooks. Autograd
-    detaches each saved tensor an unpack hook hands back, and a batch norm's node copies its reserve where it is
-    not told it will be released: ops a real step does not run. The ops priced are those the engine dispatches in
-    a real backward pass of the same model, which ``_Dispatched`` counts on the CPU without hooks (where batch
-    norm is ATen's own, which saves no reserve)."""
+    detaches each saved tensor an unpack hook hands back where the engine hands back an input or a leaf as it is,
+    and a batch norm's node copies its reserve where it is not told it will be released: ops a real step does not
+    run. The ops priced are those the engine dispatches in a real backward pass of the same model, node by node,
+    which ``_Dispatched`` counts on the CPU without hooks (where batch norm is ATen's own, without a reserve). The
+    sigmoid's output is both an input the product saves and an output its own node saves: the engine detaches it
+    for the second alone."""
 
     def model():
         torch.manual_seed(0)
-        return nn.Sequential(
-            nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.Conv2d(8, 8, 3), nn.Sigmoid(), nn.Flatten(), nn.Linear(512, 4)
-        )
+        convolutions = (nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.Conv2d(8, 8, 3))
+        return nn.Sequential(*convolutions, nn.Flatten(), nn.Linear(512, 16), nn.Sigmoid(), nn.Linear(16, 4, bias=False))
 
     real = model()
     loss = real(torch.randn(2, 3, 12, 12)).sum()
     with _Dispatched() as engine:
         loss.backward()
     seen = _Backward()
-    profile(
-        model().to("meta"),
-        torch.empty(2, 3, 12, 12, device="meta"),
-        train=True,
-        target=GPUS["h100"],
-        flops=False,
-        memory=False,
-        meters=[seen],
-    )
-    # the saved inputs' detaches and batch norm's reserve copy are the run's own: the first convolution's weight (its
-    # input needs no gradient), the second's input and weight, batch norm's input and weight, the linear layer's
-    # input and transposed weight
-    assert seen.free == {"aten.detach": 7, "aten.clone": 1}
-    # the rest as the engine runs them: the eight parameters' accumulated gradients, ReLU's and sigmoid's saved outputs
-    assert seen.ops["aten.detach"] == engine.ops["aten.detach"] == 8 + 2
-    assert "aten.clone" not in seen.ops and "aten.clone" not in engine.ops
+    x = torch.empty(2, 3, 12, 12, device="meta")
+    profile(model().to("meta"), x, train=True, target=GPUS["h100"], flops=False, memory=False, meters=[seen])
+    cpu = {"CudnnBatchNormBackward0": "NativeBatchNormBackward0"}  # cuDNN's batch norm on the target, ATen's on the CPU
+    copies = ("aten.detach", "aten.clone")
+    priced = {(cpu.get(node, node), op): n for (node, op), n in seen.ops.items() if op in copies}
+    assert priced == {key: n for key, n in engine.ops.items() if key[1] in copies}
+    detaches = {node: n for (node, op), n in priced.items() if op == "aten.detach"}
+    # the nine parameters' accumulated gradients, and the saved outputs of the in-place ReLU and of the sigmoid
+    assert detaches == {"torch::autograd::AccumulateGrad": 9, "ReluBackward0": 1, "SigmoidBackward0": 1}
+    # the run's own: the first convolution's weight (its input needs no gradient), the second's input and weight, batch
+    # norm's input and weight, each product's input and transposed weight; batch norm's reserve copy
+    assert sum(n for (_, op), n in seen.free.items() if op == "aten.detach") == 1 + 2 + 2 + 2 + 2
+    assert {key: n for key, n in seen.free.items() if key[1] != "aten.detach"} == {("CudnnBatchNormBackward0", "aten.clone"): 1}
 
 
 class ReadsBack(nn.Module):

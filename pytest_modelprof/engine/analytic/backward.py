@@ -75,12 +75,12 @@ def current_node() -> Any:
     return _STATE.node if _STATE.node is not None else _current_autograd_node()
 
 
-_HANDED: list[weakref.ref[torch.Tensor]] = []  # the saved tensor the run's unpack hook handed back last, saved as it was
+_HANDED: list[weakref.ref[torch.Tensor]] = []  # the saved tensor the run's unpack hook has just handed back (see below)
 
 
 def handed_back(tensor: Any) -> bool:
-    """Whether ``tensor`` is the last saved tensor the run's unpack hook handed back that was saved as it was (a leaf, or an
-    input of its node): autograd detaches it, where without hooks it hands it back as it is: the detach is the run's own."""
+    """Whether ``tensor`` is the saved tensor the run's unpack hook has just handed back, one the engine would hand back as
+    it is (an input or a leaf that needs a gradient): autograd detaches it, a detach that is the run's own."""
     return bool(_HANDED) and _HANDED[0]() is tensor
 
 
@@ -89,12 +89,11 @@ class _Holder:
     that saved it, and :meth:`SavedTensors.release` empties it once that node has run. For a hook
     pair pushed over the run's own, ``tensor`` is what that pair packed and ``unpack`` its unpack hook."""
 
-    __slots__ = ("__weakref__", "original", "tensor", "unpack")
+    __slots__ = ("__weakref__", "tensor", "unpack")
 
-    def __init__(self, tensor: Any, unpack: Callable[[Any], torch.Tensor] | None = None, original: bool = False) -> None:
+    def __init__(self, tensor: Any, unpack: Callable[[Any], torch.Tensor] | None = None) -> None:
         self.tensor: Any = tensor
         self.unpack = unpack
-        self.original = original  # saved as it was: a leaf, or an input of its node (see :func:`handed_back`)
 
 
 class _NestedPack:
@@ -156,9 +155,7 @@ class SavedTensors:
         self._clones: set[int] = set()  # the numbers of the nodes of in-place ops' clones
 
     def pack(self, tensor: torch.Tensor) -> _Holder:
-        made_by = tensor.grad_fn  # an output of the node being made? (an in-place op's clone of its input is saved as an input)
-        output = made_by is not None and made_by._sequence_nr() == _peek_sequence_nr() - 1 and made_by.name() != "CloneBackward0"
-        return self.hold(self.owner(tensor), _Holder(tensor, original=not output))
+        return self.hold(self.owner(tensor), _Holder(tensor))
 
     def owner(self, tensor: torch.Tensor) -> int:
         """The sequence number of the node that is saving ``tensor`` (see the class's notes)."""
@@ -182,11 +179,13 @@ class SavedTensors:
     def unpack(holder: _Holder) -> torch.Tensor:
         if holder.tensor is None:
             raise RuntimeError("Trying to backward through the graph a second time: its saved tensors have been freed")
+        _HANDED.clear()
         if holder.unpack is not None:
             return holder.unpack(holder.tensor)
         tensor: torch.Tensor = holder.tensor
-        if holder.original:
-            _HANDED[:] = [weakref.ref(tensor)]
+        node, base = _STATE.node, tensor._base  # not the node's output (rewrapped: detached); a view by its base (grad_fn may remake it)
+        if tensor.requires_grad and (base.grad_fn is not node if base is not None else tensor.grad_fn is not node):
+            _HANDED.append(weakref.ref(tensor))
         return tensor
 
     @contextlib.contextmanager
@@ -262,6 +261,7 @@ def run_backward(loss: torch.Tensor, saved: SavedTensors) -> None:
         _run(buffers, holders, dependencies, ready, order, saved)
     finally:
         torch._C._current_graph_task_id = stock_task_id
+        _HANDED.clear()
 
 
 def _run(

@@ -136,7 +136,9 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
 # autograd nodes that copy a tensor they saved where they are to keep it for another pass (``retain_variables``:
 # derivatives.yaml's ``retain_variables ? result3.clone() : result3``, a batch norm's or a cuDNN RNN's reserve);
 # the engine tells a node it will not (``will_release_variables``), which a node called from Python is never told
-RETAINING = frozenset({"CudnnBatchNormBackward0", "BatchNormWithUpdateBackward0", "BatchNormNoUpdateBackward0", "CudnnRnnBackward0"})
+RETAINING = frozenset(
+    {"CudnnBatchNormBackward0", "BatchNormWithUpdateBackward0", "BatchNormNoUpdateBackward0", "CudnnRnnBackward0", "MiopenRnnBackward0"}
+)
 
 
 def run_own(op: Op) -> bool:
