@@ -174,9 +174,8 @@ def test_the_host_issues_the_standard_algorithms_steps_and_the_gpu_runs_them_mea
     assert clock.seconds == pytest.approx(clock.host + clock.busy)
 
 
-def test_a_training_steps_calls_are_read_forward_and_backward():
-    """A bidirectional two-layer GRU (sequence first) in a training step on target h100: both cuDNN calls, with the
-    shape ATen's arguments give (the backward's at other positions)."""
+def cudnn_calls(model: nn.Module, x: torch.Tensor, **keywords) -> list[Recurrent | None]:
+    """The shape of each cuDNN recurrent call (forward and backward) of ``model`` over ``x`` profiled on target h100."""
     calls = []
 
     class Calls(Meter):
@@ -184,10 +183,17 @@ def test_a_training_steps_calls_are_read_forward_and_backward():
             if op.name.startswith("aten._cudnn_rnn"):
                 calls.append(recurrent_of(op.name, op.args))
 
+    profile(model, x, target="h100", meters=[Calls()], flops=False, memory=False, **keywords)
+    return calls
+
+
+def test_a_training_steps_calls_are_read_forward_and_backward():
+    """A bidirectional two-layer GRU (sequence first) in a training step on target h100: both cuDNN calls, with the
+    shape ATen's arguments give (the backward's at other positions)."""
     with torch.device("meta"):
         gru = nn.GRU(24, 48, num_layers=2, bidirectional=True)
     x = torch.empty(7, 5, 24, device="meta")  # 7 steps of a batch of 5
-    profile(gru, x, train=True, target="h100", loss_fn=lambda out: out[0].sum(), meters=[Calls()], flops=False, memory=False)
+    calls = cudnn_calls(gru, x, train=True, loss_fn=lambda out: out[0].sum())
     assert [c.backward for c in calls] == [False, True]
     for one in calls:
         assert (one.mode, one.hidden, one.inputs, one.batch, one.steps, one.layers, one.directions) == (3, 48, 24, 5, 7, 2, 2)
@@ -196,17 +202,9 @@ def test_a_training_steps_calls_are_read_forward_and_backward():
 
 def test_an_lstm_with_a_projection_runs_step_by_step():
     """ATen asks for the standard algorithm whenever an LSTM projects its hidden state (proj_size), however small."""
-    calls = []
-
-    class Calls(Meter):
-        def op(self, op):
-            if op.name == "aten._cudnn_rnn":
-                calls.append(recurrent_of(op.name, op.args))
-
     with torch.device("meta"):
         lstm = nn.LSTM(16, 64, proj_size=32, batch_first=True)
-    profile(lstm, torch.empty(4, 9, 16, device="meta"), target="h100", meters=[Calls()], flops=False, memory=False)
-    (one,) = calls
+    (one,) = cudnn_calls(lstm, torch.empty(4, 9, 16, device="meta"))  # inference: the forward call alone
     assert one.projected and (one.hidden, one.steps, one.batch) == (64, 9, 4)
     assert algorithm(one, H100.compute_capability, H100.sm_count) == "standard"
     assert algorithm(one._replace(projected=False), H100.compute_capability, H100.sm_count) == "small"
