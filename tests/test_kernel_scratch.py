@@ -152,11 +152,18 @@ def test_what_a_cudnn_lstm_allocates_around_its_cudnn_calls():
     ]
     x, h = meta(batch, seq, features), meta(layers, batch, hidden)  # batch first
     forward = (x, weights, 4, None, h, h, 2, hidden, 0, layers, True, 0.0, True, False, [], None)
-    assert rnn_scratch("aten._cudnn_rnn", aten._cudnn_rnn.default, forward, {}) == [batch * seq * features * 4]  # x, sequence first
-    assert (
-        rnn_scratch("aten._cudnn_rnn", aten._cudnn_rnn.default, (meta(seq, batch, features), *forward[1:10], False, *forward[11:]), {})
-        == []
-    )
+    # cuDNN's workspace: the four gates' input products of every step and row, for each layer (256 MiB here: what an
+    # H100 and an H200 allocated beyond the outputs and ATen's copies in this LSTM's inference and training steps)
+    workspace = layers * seq * batch * 4 * hidden * 4
+    assert workspace == 256 * 2**20
+    x_first = batch * seq * features * 4  # x, sequence first
+    assert rnn_scratch("aten._cudnn_rnn", aten._cudnn_rnn.default, forward, {}) == [x_first, workspace]
+    assert rnn_scratch(
+        "aten._cudnn_rnn", aten._cudnn_rnn.default, (meta(seq, batch, features), *forward[1:10], False, *forward[11:]), {}
+    ) == [workspace]
+    # a bidirectional GRU: three gates, both directions' products
+    gru = (meta(seq, batch, features), weights, 4, None, h, None, 3, hidden, 0, layers, False, 0.0, False, True, [], None)
+    assert rnn_scratch("aten._cudnn_rnn", aten._cudnn_rnn.default, gru, {}) == [2 * layers * seq * batch * 3 * hidden * 4]
 
     output = meta(seq, batch, hidden).transpose(0, 1)  # as the forward returns it, batch first
     grad_output = meta(batch, seq, hidden)  # what selecting the last step gives back: contiguous, batch first
@@ -190,12 +197,12 @@ def test_what_a_cudnn_lstm_allocates_around_its_cudnn_calls():
 
     state, copy_of_x, copy_of_dy = layers * batch * hidden * 4, batch * seq * features * 4, batch * seq * hidden * 4
     weights_gradient = sum(w.numel() for w in weights) * 4
-    # zeros for the final states' gradients (not given), x copied again; the output gradient's copy
-    # (32 MiB, backward-data call) is gone before the weights' gradient (56 MiB) is made
+    # zeros for the final states' gradients (not given), x copied again, each call's workspace; the output
+    # gradient's copy (32 MiB, backward-data call) is gone before the weights' gradient (56 MiB) is made
     assert copy_of_dy < weights_gradient
-    assert backward([False, False, False, True]) == [state, state, copy_of_x]
+    assert backward([False, False, False, True]) == [state, state, copy_of_x, workspace]
     # frozen weights: no weights' gradient, so the backward-data call's copies are the most held at once
-    assert backward([True, False, False, False]) == [state, state, copy_of_x, copy_of_dy]
+    assert backward([True, False, False, False]) == [state, state, copy_of_x, workspace, copy_of_dy]
 
 
 def test_a_channels_last_convolution_stages_its_bias_gradient():

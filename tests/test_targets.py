@@ -219,9 +219,7 @@ def test_a_target_is_a_gpu():
 
 # measured here (peak / max_memory_allocated, reserved / max_memory_reserved): what is not
 # yet within the bounds (3% and 5%), and why
-OPEN = {
-    "lstm2x1024-s256-b32-train-fp32-adam": "peak 0.751: cuDNN's RNN workspace (250 MiB here, sized by cuDNN at run time) is not modelled",
-}
+OPEN: dict[str, str] = {}
 OPEN_RESERVED = {
     # measured with the records' cuDNN (9.19): reserved after the first step, modelled / measured
     "vit_b_16-b32-eval-bf16": "reserved 0.768 (378 / 492 MiB after the first step): the fp32 weights converted to bf16 on the "
@@ -230,7 +228,6 @@ OPEN_RESERVED = {
     "segments cuDNN's workspaces leave differ from the record's",
     "resnet50-b32-eval-fp32": "reserved 1.225 (676 / 552 MiB after the first step): the 98.1 MiB workspace cuDNN's heuristics "
     "give a 1x1 convolution of a 98 MiB input takes a segment of its own, which the record does not show",
-    "lstm2x1024-s256-b32-train-fp32-adam": "reserved 0.797: cuDNN's RNN workspace is not modelled (as its peak)",
 }
 # With another cuDNN than the records' the convolution workspaces, and so the segments they leave,
 # are that cuDNN's: a step with a cuDNN convolution is held to what is known open with the cuDNN
@@ -309,7 +306,6 @@ def test_the_shipped_calibration_predicts_the_recorded_h100_steps_as_the_docs_sa
 HELD_OUT = sorted(name for name in gpu_truth.records("h200") if gpu_truth.heldout(name))
 # measured here, with the records' cuDNN (9.19) and with 9.24 alike: peak / max_memory_allocated
 OPEN_HELD_OUT = {
-    "lstm2x1024-s256-b32-eval-fp32": "peak 0.381: cuDNN's RNN workspace is not modelled (as the shared LSTM step's)",
     # float16, per op (h200-scratch.json): in the three inference steps every convolution's workspace is the
     # model's to 0.1 MiB but for 1x1 ones, where cuDNN's heuristics asked here pick engines with a workspace
     # (the input and output in another layout) and the H200 ran ones without

@@ -30,6 +30,7 @@ from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ...targets.recurrent import GATES
 from ..backward import in_backward
 from ..layers import Layer
 
@@ -38,7 +39,6 @@ aten = torch.ops.aten
 _USE_MIOPEN_CTC = getattr(aten, "_use_miopen_ctc_loss", None)  # asked by ctc_loss on CUDA (newer releases)
 
 RNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  # cuDNN's modes
-_GATES = {0: 1, 1: 1, 2: 4, 3: 3}
 RESERVE_ALIGNMENT = 256
 
 
@@ -89,7 +89,7 @@ def _autocast_off() -> Any:
 
 def reserve_bytes(mode: int, seq: int, batch: int, hidden: int, layers: int, directions: int, element: int) -> int:
     """cuDNN's training reserve for a recurrent layer (see the module's notes)."""
-    per_step = directions * (layers * (_GATES[mode] + (1 if mode == 2 else 0)) + (layers - 1)) * hidden
+    per_step = directions * (layers * (GATES[mode] + (1 if mode == 2 else 0)) + (layers - 1)) * hidden
     return seq * batch * per_step * element + RESERVE_ALIGNMENT
 
 

@@ -1,7 +1,7 @@
 """Kernel scratch of recurrent layers.
 
 **Recurrent layers** (:func:`rnn_scratch`): the layout copies and zeros ATen makes around
-cuDNN's calls. cuDNN's own RNN workspace is sized by cuDNN at run time and not included.
+cuDNN's calls, and cuDNN's workspace for each call (:func:`workspace_bytes`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,18 @@ from typing import Any
 import torch
 
 from ...ops import bound_arguments
+from ..recurrent import GATES
+
+
+def workspace_bytes(mode: int, rows: int, hidden: int, layers: int, directions: int, element: int) -> int:
+    """The workspace ``cudnnGetRNNTempSpaceSizes`` asks for a recurrent call over ``rows`` rows (steps times batch;
+    a packed sequence's rows): each layer's and direction's gate pre-activations for every row, the products of
+    the inputs with the input weights that cuDNN runs for the whole sequence at once before stepping through it,
+    every layer's kept at once (cuDNN runs a layer's step beside the layer below's next one). PyTorch allocates it
+    inside each call, the forward's and each of the backward's two (the data's, then the weights'), at the size of
+    the training mode's; measured on an H100 and an H200 (cuDNN 9.19): an LSTM of 2 layers of 1024, 256 steps of
+    32 in float32 allocates 256 MiB more than its outputs and ATen's copies in inference and in training alike."""
+    return directions * layers * rows * GATES[mode] * hidden * element
 
 
 def rnn_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
@@ -18,8 +30,8 @@ def rnn_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
     beyond their outputs: the input in sequence-first layout (a batch-first input is transposed
     and copied); in the backward pass, zeros for the gradients it was not given (the final states'),
     that copy again for each of its two calls, and the output's gradient copied to sequence-first
-    for the first; the weights' gradient buffer is made only for the second. cuDNN's own
-    workspace is not included: its size comes from cuDNN at run time."""
+    for the first; the weights' gradient buffer is made only for the second. Each call holds cuDNN's
+    workspace (:func:`workspace_bytes`) while it runs."""
     if name not in ("aten._cudnn_rnn", "aten._cudnn_rnn_backward"):
         return []
     bound = bound_arguments(func, args, kwargs)
@@ -34,8 +46,11 @@ def rnn_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
             copies = not contiguous and not tensor.is_contiguous()
         return tensor.numel() * tensor.element_size() if copies else 0
 
+    rows = source.numel() // max(source.shape[-1], 1)
+    directions = 2 if bound["bidirectional"] else 1
+    workspace = workspace_bytes(bound["mode"], rows, bound["hidden_size"], bound["num_layers"], directions, source.element_size())
     if name == "aten._cudnn_rnn":
-        return [size for size in (relaid(source),) if size]
+        return [size for size in (relaid(source), workspace) if size]
     output, hx, cx, grad_output = bound["output"], bound["hx"], bound["cx"], bound["grad_output"]
     states = ((hx, bound["grad_hy"]), (cx, bound["grad_cy"]))
     zeros = [t.numel() * t.element_size() for t, given in states if t is not None and given is None]
@@ -45,5 +60,5 @@ def rnn_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
     weights = sum(w.numel() * w.element_size() for w in bound["weight"]) if bound["output_mask"][3] else 0
     # backward-data phase: the zeros, the input's and the output gradient's copies; backward-weights
     # phase: the zeros, the input's copy, and the weights' gradient (an output, counted as one)
-    held = [size for size in (*zeros, relaid(source)) if size]
+    held = [size for size in (*zeros, relaid(source), workspace) if size]
     return held + ([dy - weights] if dy > weights else [])
