@@ -288,14 +288,14 @@ def test_an_h100_step_reserves_what_the_record_reserved(name):
 
 
 def test_the_shipped_calibration_predicts_the_recorded_h100_steps_as_the_docs_say():
-    # docs/targets.md: "with the shipped fit, median error 2.5%, worst 24.3%" (the LSTM's training step): each step's
+    # docs/targets.md: "with the shipped fit, median error 2.4%, worst 24.3%" (the LSTM's training step): each step's
     # predicted time against its median measured one (20 steps timed with CUDA events), to the rounding of those figures
     errors = {
         name: abs(h100_step(name)[0].predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
         for name, record in gpu_truth.records().items()
     }
     assert len(errors) == 9
-    assert statistics.median(errors.values()) < 0.0255
+    assert statistics.median(errors.values()) < 0.0245
     assert max(errors.values()) < 0.2435, errors
 
 
@@ -336,7 +336,7 @@ def test_a_held_out_h200_step_peaks_where_the_record_peaked(name):
 
 
 def test_the_shipped_calibration_predicts_the_held_out_h200_steps_as_the_docs_say():
-    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 4.6%, worst 29.8%
+    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 4.6%, worst 29.9%
     # (benchmarks/predicted_vs_h200.py)
     errors = {
         name: abs(step.predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
@@ -344,7 +344,7 @@ def test_the_shipped_calibration_predicts_the_held_out_h200_steps_as_the_docs_sa
         for step, record in [recorded_step("h200", name)]
     }
     assert statistics.median(errors.values()) < 0.0465
-    assert max(errors.values()) < 0.2985, errors
+    assert max(errors.values()) < 0.2995, errors
 
 
 @pytest.mark.skipif(not gpu_truth.records("h100-heldout"), reason="the held-out H100 records are not in this checkout")
@@ -449,6 +449,24 @@ def test_the_held_out_h200_steps_layer_norms_take_the_time_of_their_rows():
     assert len(ratios) == 7
     assert statistics.median(abs(ratio - 1) for ratio in ratios.values()) < 0.15
     assert all(0.8 < ratio < 1.4 for ratio in ratios.values()), ratios
+
+
+def test_the_held_out_h200_steps_layer_norms_backward_passes_take_the_time_of_their_weight_gradient_blocks():
+    # a layer norm's backward pass sums the weight's and bias's gradients down the rows in blocks of 32 columns, each
+    # walking every row: a 768-wide norm keeps 24 of the H200's SMs at work (engine/targets/norm_kernel.py). The blocks'
+    # rate is fitted with the rest on the H100 steps and the H200's one-layer probes; here, the held-out H200 steps'
+    # layer norms' backward passes (rows of 96 to 1024; fp32 and bf16), each step's against its kernel time there:
+    # 0.74 to 1.10 of it, a median 10% off (ConvNeXt's and Swin's the least: their widest rows split across blocks).
+    # Priced by their bytes alone they came out 0.50 to 0.97 of it (a median 36% off)
+    ratios = {}
+    for name in HELD_OUT:
+        result, record = recorded_step("h200", name)
+        measured = sum(op["self_device_us"] for op in record["ops"] if op["op"] == "aten::native_layer_norm_backward") * 1e-6
+        if measured:
+            ratios[name] = sum(row.seconds for row in result.predicted.ops if row.op == "aten.native_layer_norm_backward") / measured
+    assert len(ratios) == 5
+    assert statistics.median(abs(ratio - 1) for ratio in ratios.values()) < 0.15
+    assert all(0.7 < ratio < 1.2 for ratio in ratios.values()), ratios
 
 
 def test_a_cpu_tensor_made_inside_the_model_is_explained_on_a_target():

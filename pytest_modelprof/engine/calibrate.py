@@ -153,6 +153,7 @@ ABOVE_PEAK: dict[Parameter, float] = {
     **{("efficiency", rate): 16.0 for rate in RATE_OF.values()},
     ("efficiency", "strided_rate"): 64.0,
     ("efficiency", "reduction_rate"): 64.0,
+    ("efficiency", "norm_columns_rate"): 64.0,
 }
 
 
@@ -192,12 +193,20 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
                 parameters.add(("reduction_bandwidth", kind))
             if work.name in ROW_NORMS and work.reductions:  # a layer norm's cycles a row
                 parameters.add(("reduction_cycles", "norm"))
+            if work.columns:  # a norm's weight-gradient kernel: its blocks' rate
+                efficiencies.add("norm_columns_rate")
     parameters.update(("efficiency", name) for name in efficiencies)
     return sorted(parameters, key=lambda p: (p[0], p[1] or ""))
 
 
 # where a parameter the calibration lacks starts (by its table, or its name)
-_START = {"reduction_bandwidth": 20e9, "reduction_cycles": 1000.0, "strided_rate": 4.0, "strided_byte_cycles": 0.05}
+_START = {
+    "norm_columns_rate": 10.0,
+    "reduction_bandwidth": 20e9,
+    "reduction_cycles": 1000.0,
+    "strided_rate": 4.0,
+    "strided_byte_cycles": 0.05,
+}
 
 
 def _get(calibration: Calibration, parameter: Parameter) -> float:

@@ -28,6 +28,7 @@ from ..targets.cost import (
     tf32_allowed,
 )
 from ..targets.gpus import GPUSpec
+from ..targets.norm_kernel import weight_gradient
 from ..targets.products import gemms_of, relayout_bytes
 from ..targets.recurrent import recurrent_of
 from ..targets.reduce_kernel import launches
@@ -124,12 +125,31 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
         elements = norm_elements(op.name, op.args)
     else:
         elements = strided_elements(op.name, op.func, tensors, outputs) if kind == "memory" else 0
+    columns = weight_gradient(op.name, op.args) if kind == "norm_backward" else 0
+    if columns:  # its input's elements, and a second kernel for the weight's gradient (:mod:`..targets.norm_kernel`)
+        elements, kernels = op.args[0].numel(), 2  # (the output gradient: the input's shape)
     who = issuer(op, tensors)
     relayout = relayout_bytes(op.name, op.args, op.out) if kind in ("conv", "conv_backward") else 0
     tf32 = tf32_allowed(kind)
     reduce = launches(op.func, op.args, op.kwargs, op.out) if kind == "memory" else ()
     return Work(
-        op.name, kind, flops, nbytes, dtype, kernels, gemms, passes, reductions, on_device, who, tf32, elements, relayout, reduce, recurrent
+        op.name,
+        kind,
+        flops,
+        nbytes,
+        dtype,
+        kernels,
+        gemms,
+        passes,
+        reductions,
+        on_device,
+        who,
+        tf32,
+        elements,
+        relayout,
+        reduce,
+        recurrent,
+        columns,
     )
 
 

@@ -55,6 +55,7 @@ import torch
 from ..ops import REGISTRY, Kernel
 from ..ops.iteration import non_overlapping_and_dense
 from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt_integer_factor
+from .norm_kernel import weight_gradient_seconds
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
 from .recurrent import Recurrent, algorithm_on, persistent_cycles, reread_seconds
 from .recurrent import host_seconds as recurrent_host
@@ -189,6 +190,7 @@ class Work(NamedTuple):
     relayout: int = 0  # bytes its library's layout transforms move on tensor cores, kernels of their own (:func:`.products.relayout_bytes`)
     launches: tuple[Launch, ...] = ()  # a reduction's kernels, as ATen lays out their blocks (:mod:`.reduce_kernel`)
     recurrent: Recurrent | None = None  # a cuDNN recurrent call's shape: its algorithm, kernels and host (:mod:`.recurrent`)
+    columns: int = 0  # a norm's backward pass: the width its weight-gradient kernel works through (:mod:`.norm_kernel`)
 
 
 def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: float = 1.0) -> tuple[float, Bound]:
@@ -241,6 +243,8 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         if work.reductions and per_reduction:
             rate = min(rate, work.reductions * per_reduction)
         memory = work.bytes * work.passes / rate
+        if work.columns:  # a norm's weight-gradient kernel, where its blocks outlast its two passes' bytes (in ``memory``)
+            memory += max(0.0, weight_gradient_seconds(gpu, calibration, work) - 2 * work.elements * work.dtype.itemsize / rate)
         offsets, staging = launch_seconds(gpu, calibration, work.launches) if work.launches else (0.0, 0.0)
         # what the SMs do, where it outlasts the bytes: a layer norm's rows, a native batch norm's elements, a strided
         # kernel's, a reduction's offsets

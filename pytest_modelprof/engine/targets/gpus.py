@@ -58,7 +58,9 @@ class Calibration:
     PyTorch's own batch-norm kernels (:func:`.cost.element_seconds`; where absent, by their bytes alone);
     ``strided_rate`` and ``strided_byte_cycles``: the elements per SM and cycle, and the SM cycles per byte, of an
     elementwise kernel on PyTorch's strided path (an operand broadcast or laid out otherwise than the output),
-    whose SMs' work bounds it where the bytes do not (:func:`.cost.strided_seconds`; where absent, the bytes alone).
+    whose SMs' work bounds it where the bytes do not (:func:`.cost.strided_seconds`; where absent, the bytes alone);
+    ``norm_columns_rate``: the elements per block and cycle of a layer or RMS norm backward pass's weight-gradient
+    kernel, whose blocks of 32 columns may be fewer than the SMs (:mod:`.norm_kernel`; where absent, its bytes alone).
     ``gemm_half``: the reduction length at which a product's tile reaches half that
     efficiency (``k`` on tensor cores, ``k_simt`` on CUDA cores, ``k_attention`` for attention's kernels, whose
     reduction runs over the keys: where absent, ``k``); ``tile_cost``: how much less of it a
@@ -133,7 +135,8 @@ UNCALIBRATED = Calibration()
 # one-layer probes (h200-probes.json) whose shapes no held-out step has; on those the rate, not the bytes, sets the
 # time, so their bandwidth and their bandwidth per channel are cuDNN's (norm's, norm_backward's), which stand in.
 # pool and pool_backward (elements per SM and cycle) come from the H100 steps' max pools with the probes';
-# reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest; strided_rate and
+# reduction_cycles (a layer norm's cycles a row) from their layer norms with the rest, norm_columns_rate (its backward
+# pass's weight-gradient blocks) from their layer norms' backward passes with the rest; strided_rate and
 # strided_byte_cycles (an elementwise kernel's work on its SMs on the strided path) with the rest, the elementwise
 # kernels an H100 ran by their operands' layout (h100-layout.json) among the operators; reduction_rate and
 # reduction_cycles["staging"] (a reduction's offsets, a split reduction's staging steps: .reduce_kernel) with the
@@ -141,36 +144,37 @@ UNCALIBRATED = Calibration()
 FITTED = Calibration(
     efficiency={
         "matmul": 0.9601,
-        "conv": 0.566,
-        "conv_backward": 0.3844,
-        "conv_narrow": 0.264,
-        "conv_narrow_backward": 0.07384,
-        "attention": 0.8231,
-        "rnn": 0.3911,
-        "norm": 0.806,
-        "norm_backward": 0.646,
-        "norm_native_rate": 1.435,
+        "conv": 0.5661,
+        "conv_backward": 0.3846,
+        "conv_narrow": 0.2639,
+        "conv_narrow_backward": 0.07383,
+        "attention": 0.823,
+        "rnn": 0.3904,
+        "norm": 0.8058,
+        "norm_backward": 0.6726,
+        "norm_native_rate": 1.434,
         "norm_native_backward_rate": 1.389,
-        "memory": 0.8577,
-        "matmul_simt": 0.8515,
+        "memory": 0.8576,
+        "matmul_simt": 0.8514,
         "conv_simt": 1.563,
         "conv_backward_simt": 0.3,
-        "cuda_cores": 0.473,
+        "cuda_cores": 0.4729,
         "strided_rate": 2.702,
-        "strided_byte_cycles": 0.06558,
-        "reduction_rate": 1.982,
+        "strided_byte_cycles": 0.06561,
+        "reduction_rate": 1.981,
         "pool": 1.027,
         "pool_backward": 0.3543,
+        "norm_columns_rate": 11.85,
     },
-    gemm_half={"k": 285.8, "k_simt": 10.96, "k_attention": 779.3},
-    tile_cost={"tensor": 6.146, "simt": 10.75},
+    gemm_half={"k": 286.1, "k_simt": 10.97, "k_attention": 779.1},
+    tile_cost={"tensor": 6.185, "simt": 10.74},
     reduction_bandwidth={"norm": 20.59e9, "norm_backward": 13.63e9},
-    reduction_cycles={"norm": 539.9, "staging": 734.3},
+    reduction_cycles={"norm": 540.4, "staging": 735.3},
     power_exponent=1.145,
     simt_integer=0.347,
-    kernel_seconds=2.384e-6,
-    host_seconds=28.29e-6,
-    view_seconds=10.44e-6,
+    kernel_seconds=2.369e-6,
+    host_seconds=28.44e-6,
+    view_seconds=10.38e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11), 316 operators of an H200's one-layer probes, "
     "144 elementwise kernels and 216 sums of an H100's layout probes and 4800 kernels timed on five GPUs (NeuSight's); "
