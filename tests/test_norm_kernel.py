@@ -33,6 +33,8 @@ def test_the_weight_gradient_kernel_is_priced_where_the_weights_gradients_are_as
     assert (work.columns, work.elements, work.kernels) == (768, 4096 * 768, 2)  # the input's gradient's kernel, then the weights'
     inputs_only = layer_norm_backward(4096, 768, mask=(True, False, False))
     assert (inputs_only.columns, inputs_only.kernels) == (0, 1)
+    weights_only = layer_norm_backward(4096, 768, mask=(False, True, True))  # a frozen input: the weights' kernel alone
+    assert (weights_only.columns, weights_only.kernels) == (768, 1)
     assert weight_gradient("aten.native_layer_norm", ()) == 0
 
 
@@ -47,7 +49,7 @@ def test_its_blocks_take_32_columns_each_and_walk_every_row():
     assert weight_gradient_seconds(H200, calibration, wide) == pytest.approx(2 * 1024 * 8192 / (H200.sm_count * rate * H200.boost_clock))
     # over 65536 rows of few columns the rows are split across blocks: the bytes, not the blocks, set its time
     assert weight_gradient_seconds(H200, calibration, layer_norm_backward(100352, 96)) == 0.0
-    # a calibration fitted before the rate prices the kernel by its bytes, as then
+    # a calibration fitted before the rate prices the kernel by its bytes
     assert (
         weight_gradient_seconds(H200, dataclasses.replace(FITTED, efficiency={**calibration.efficiency, "norm_columns_rate": 0}), work)
         == 0.0
@@ -57,7 +59,8 @@ def test_its_blocks_take_32_columns_each_and_walk_every_row():
 def test_the_blocks_time_counts_where_it_outlasts_the_bytes():
     calibration = dataclasses.replace(FITTED, efficiency={**FITTED.efficiency, "norm_columns_rate": 10.0})
     without = dataclasses.replace(FITTED, efficiency={k: v for k, v in FITTED.efficiency.items() if k != "norm_columns_rate"})
-    narrow = layer_norm_backward(25088, 192, torch.float32)  # 6 blocks: far slower than its bytes
+    narrow = layer_norm_backward(25088, 192, torch.float32)  # 6 blocks: far slower than its bytes, and bound by them
     assert kernel_seconds(H200, calibration, narrow)[0] > 2 * kernel_seconds(H200, without, narrow)[0]
+    assert kernel_seconds(H200, calibration, narrow)[1] == "compute"
     square = layer_norm_backward(16384, 4096)  # 128 blocks: its bytes
     assert kernel_seconds(H200, calibration, square)[0] == pytest.approx(kernel_seconds(H200, without, square)[0])

@@ -11,7 +11,7 @@ and the shapes of their inputs (:func:`key`).
 :func:`fit` then fits the cost model in two stages, each a least-squares fit in log space
 (Levenberg-Marquardt, bounded): the kernel model (each kind's efficiency, the product size
 of half efficiency, batch norm's bandwidth per channel, pooling's elements per SM cycle, a
-layer norm's cycles a row, the shortest kernel) to the
+layer norm's cycles a row, its backward pass's weight-gradient blocks' elements per cycle, the shortest kernel) to the
 matched operators' kernel times, weighted by their time; then the host's time per op (with
 a kernel, and without: a view) to the step times.
 

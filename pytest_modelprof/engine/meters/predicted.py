@@ -126,8 +126,8 @@ def op_features(op: Op, formulas: FormulaTable, device_type: str = "meta") -> Wo
     else:
         elements = strided_elements(op.name, op.func, tensors, outputs) if kind == "memory" else 0
     columns = weight_gradient(op.name, op.args) if kind == "norm_backward" else 0
-    if columns:  # its input's elements, and a second kernel for the weight's gradient (:mod:`..targets.norm_kernel`)
-        elements, kernels = op.args[0].numel(), 2  # (the output gradient: the input's shape)
+    if columns:  # its input's elements (the output gradient's), the weight's gradient's kernel after the input's (if asked)
+        elements, kernels = op.args[0].numel(), 1 + bool(op.args[-1][0])
     who = issuer(op, tensors)
     relayout = relayout_bytes(op.name, op.args, op.out) if kind in ("conv", "conv_backward") else 0
     tf32 = tf32_allowed(kind)

@@ -243,8 +243,9 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         if work.reductions and per_reduction:
             rate = min(rate, work.reductions * per_reduction)
         memory = work.bytes * work.passes / rate
-        if work.columns:  # a norm's weight-gradient kernel, where its blocks outlast its two passes' bytes (in ``memory``)
-            memory += max(0.0, weight_gradient_seconds(gpu, calibration, work) - 2 * work.elements * work.dtype.itemsize / rate)
+        blocks = weight_gradient_seconds(gpu, calibration, work) if work.columns else 0.0
+        if blocks:  # a norm's weight-gradient kernel on its blocks, in place of its two passes' bytes (in ``memory``)
+            compute = max(compute, memory - 2 * work.elements * work.dtype.itemsize / rate + blocks)
         offsets, staging = launch_seconds(gpu, calibration, work.launches) if work.launches else (0.0, 0.0)
         # what the SMs do, where it outlasts the bytes: a layer norm's rows, a native batch norm's elements, a strided
         # kernel's, a reduction's offsets

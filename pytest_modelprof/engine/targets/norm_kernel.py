@@ -52,7 +52,8 @@ def weight_gradient_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) 
     ``work.elements`` elements of its input) takes on its blocks: two reads of each element at
     ``efficiency["norm_columns_rate"]`` per block and clock cycle, on as many SMs as it has blocks (see the
     module's notes); the cost model takes it where it outlasts the kernel's bytes. 0 where the rows are split
-    across blocks, for a calibration without the rate (one fitted before it) or a GPU whose clock is not known."""
+    across blocks, for a calibration without the rate (one fitted before it: the kernel by its bytes) or a GPU
+    whose clock is not known."""
     width, elements = work.columns, work.elements
     rate = calibration.efficiency.get("norm_columns_rate")
     if not width or not elements or not rate or not gpu.boost_clock:

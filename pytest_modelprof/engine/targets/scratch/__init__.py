@@ -9,7 +9,7 @@ One module per kind of op: :mod:`.reductions` (ATen's reduction kernels, also ru
 ops), :mod:`.convolutions` (a convolution's bias gradient, cuDNN's workspaces), :mod:`.attention`
 (FlashAttention-2's, cuDNN attention's and the memory-efficient kernels'), :mod:`.norms` (layer and
 RMS norm's backward pass), :mod:`.losses` (reduced losses, CTC), :mod:`.sampling` (an embedding's
-backward pass, cuDNN's grid sampler), :mod:`.rnn` (the copies around cuDNN's recurrent calls).
+backward pass, cuDNN's grid sampler), :mod:`.rnn` (the copies around cuDNN's recurrent calls, and their workspace).
 :func:`kernel_scratch` asks the one an op belongs to.
 """
 

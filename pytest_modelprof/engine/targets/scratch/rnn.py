@@ -15,13 +15,15 @@ from ..recurrent import GATES
 
 
 def workspace_bytes(mode: int, rows: int, hidden: int, layers: int, directions: int, element: int) -> int:
-    """The workspace ``cudnnGetRNNTempSpaceSizes`` asks for a recurrent call over ``rows`` rows (steps times batch;
-    a packed sequence's rows): each layer's and direction's gate pre-activations for every row, the products of
-    the inputs with the input weights that cuDNN runs for the whole sequence at once before stepping through it,
-    every layer's kept at once (cuDNN runs a layer's step beside the layer below's next one). PyTorch allocates it
-    inside each call, the forward's and each of the backward's two (the data's, then the weights'), at the size of
-    the training mode's; measured on an H100 and an H200 (cuDNN 9.19): an LSTM of 2 layers of 1024, 256 steps of
-    32 in float32 allocates 256 MiB more than its outputs and ATen's copies in inference and in training alike."""
+    """The workspace ``cudnnGetRNNTempSpaceSizes`` asks for a recurrent call over ``rows`` rows (steps times batch):
+    each layer's and direction's gate pre-activations for every row, the products of the inputs with the input
+    weights that cuDNN runs for the whole sequence at once before stepping through it, every layer's kept at once
+    (cuDNN runs a layer's step beside the layer below's next one). PyTorch allocates it inside each call: the
+    forward's (at the inference mode's size without grad, the training mode's with it) and each of the backward's
+    two (the data's, then the weights', at the training mode's). Measured on an H100 and an H200 (cuDNN 9.19): an
+    LSTM of 2 layers of 1024, 256 steps of 32 in float32 allocates 256 MiB more than its outputs and ATen's copies,
+    in inference and in training alike. Not measured: other shapes and cells, float16 and bfloat16 (priced at the
+    input's element size, though cuDNN computes them in float), packed sequences (priced as padded to the longest)."""
     return directions * layers * rows * GATES[mode] * hidden * element
 
 
@@ -46,7 +48,8 @@ def rnn_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> list
             copies = not contiguous and not tensor.is_contiguous()
         return tensor.numel() * tensor.element_size() if copies else 0
 
-    rows = source.numel() // max(source.shape[-1], 1)
+    sizes = list(bound["batch_sizes"] or ())
+    rows = len(sizes) * int(sizes[0]) if packed else source.numel() // max(source.shape[-1], 1)  # packed: as padded
     directions = 2 if bound["bidirectional"] else 1
     workspace = workspace_bytes(bound["mode"], rows, bound["hidden_size"], bound["num_layers"], directions, source.element_size())
     if name == "aten._cudnn_rnn":
