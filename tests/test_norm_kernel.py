@@ -43,15 +43,21 @@ def test_its_blocks_take_32_columns_each_and_walk_every_row():
     calibration = dataclasses.replace(FITTED, efficiency={**FITTED.efficiency, "norm_columns_rate": rate})
     # 768 columns: 24 blocks of 32, each reading the output's gradient and the input once more, row after row
     work = layer_norm_backward(4096, 768)
-    assert weight_gradient_seconds(H200, calibration, work) == pytest.approx(2 * 4096 * 768 / (24 * rate * H200.boost_clock))
+    assert weight_gradient_seconds(H200, calibration, work.columns, work.elements) == pytest.approx(
+        2 * 4096 * 768 / (24 * rate * H200.boost_clock)
+    )
     # as many blocks as SMs and more: every SM at work
     wide = layer_norm_backward(1024, 8192)
-    assert weight_gradient_seconds(H200, calibration, wide) == pytest.approx(2 * 1024 * 8192 / (H200.sm_count * rate * H200.boost_clock))
+    assert weight_gradient_seconds(H200, calibration, wide.columns, wide.elements) == pytest.approx(
+        2 * 1024 * 8192 / (H200.sm_count * rate * H200.boost_clock)
+    )
     # over 65536 rows of few columns the rows are split across blocks: the bytes, not the blocks, set its time
-    assert weight_gradient_seconds(H200, calibration, layer_norm_backward(100352, 96)) == 0.0
+    assert weight_gradient_seconds(H200, calibration, 96, 100352 * 96) == 0.0
     # a calibration fitted before the rate prices the kernel by its bytes
     assert (
-        weight_gradient_seconds(H200, dataclasses.replace(FITTED, efficiency={**calibration.efficiency, "norm_columns_rate": 0}), work)
+        weight_gradient_seconds(
+            H200, dataclasses.replace(FITTED, efficiency={**calibration.efficiency, "norm_columns_rate": 0}), 768, 4096 * 768
+        )
         == 0.0
     )
 

@@ -243,7 +243,7 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         if work.reductions and per_reduction:
             rate = min(rate, work.reductions * per_reduction)
         memory = work.bytes * work.passes / rate
-        blocks = weight_gradient_seconds(gpu, calibration, work) if work.columns else 0.0
+        blocks = weight_gradient_seconds(gpu, calibration, work.columns, work.elements) if work.columns else 0.0
         if blocks:  # a norm's weight-gradient kernel on its blocks, in place of its two passes' bytes (in ``memory``)
             compute = max(compute, memory - 2 * work.elements * work.dtype.itemsize / rate + blocks)
         offsets, staging = launch_seconds(gpu, calibration, work.launches) if work.launches else (0.0, 0.0)

@@ -18,13 +18,8 @@ shape (``LaunchGammaBetaBackwardCUDAKernel``):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .gpus import Calibration, GPUSpec
 from .products import as_tensor
-
-if TYPE_CHECKING:
-    from .cost import Work
 
 NORMS = frozenset({"aten.native_layer_norm_backward", "aten._fused_rms_norm_backward"})
 BLOCK_COLUMNS = 32  # a block's columns (block_dim_x)
@@ -47,14 +42,13 @@ def weight_gradient(name: str, args: tuple[object, ...]) -> int:
     return width if width > 0 and grad.numel() >= width else 0
 
 
-def weight_gradient_seconds(gpu: GPUSpec, calibration: Calibration, work: Work) -> float:
-    """The time the weight-gradient kernel of a norm's backward pass (``work.columns`` wide, over
-    ``work.elements`` elements of its input) takes on its blocks: two reads of each element at
-    ``efficiency["norm_columns_rate"]`` per block and clock cycle, on as many SMs as it has blocks (see the
-    module's notes); the cost model takes it where it outlasts the kernel's bytes. 0 where the rows are split
+def weight_gradient_seconds(gpu: GPUSpec, calibration: Calibration, width: int, elements: int) -> float:
+    """The time the weight-gradient kernel of a norm's backward pass (``width`` columns, over ``elements``
+    elements of its input: a :class:`~.cost.Work`'s ``columns`` and ``elements``) takes on its blocks: two reads
+    of each element at ``efficiency["norm_columns_rate"]`` per block and clock cycle, on as many SMs as it has
+    blocks (see the module's notes); the cost model takes it where it outlasts the kernel's bytes. 0 where the rows are split
     across blocks, for a calibration without the rate (one fitted before it: the kernel by its bytes) or a GPU
     whose clock is not known."""
-    width, elements = work.columns, work.elements
     rate = calibration.efficiency.get("norm_columns_rate")
     if not width or not elements or not rate or not gpu.boost_clock:
         return 0.0
