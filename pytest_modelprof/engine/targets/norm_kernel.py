@@ -26,6 +26,25 @@ BLOCK_COLUMNS = 32  # a block's columns (block_dim_x)
 SPLIT_ROWS = 64 * 1024  # over this many rows (and few column blocks), the rows are split across blocks
 
 
+def normalized_width(shape: object) -> int:
+    """The elements of a norm's ``normalized_shape`` (its columns); 1 for none."""
+    width = 1
+    for size in shape if isinstance(shape, (list, tuple)) else ():
+        width *= int(size)
+    return width
+
+
+def column_blocks(width: int) -> int:
+    """The blocks of 32 columns the weight-gradient kernel of a norm ``width`` wide runs in."""
+    return -(-width // BLOCK_COLUMNS)
+
+
+def rows_split(rows: int, width: int, sm_count: int) -> bool:
+    """Whether the weight-gradient kernel splits the rows across blocks (and sums their partial results after):
+    over :data:`SPLIT_ROWS` rows with fewer 32-column blocks than half of the ``sm_count`` SMs."""
+    return rows > SPLIT_ROWS and width // BLOCK_COLUMNS < sm_count // 2
+
+
 def weight_gradient(name: str, args: tuple[object, ...]) -> int:
     """The width ``N`` (the normalised shape's elements) of a layer or RMS norm backward pass that computes its
     weight's or bias's gradient, whose kernel works column by column; 0 for any other op (or one that computes
@@ -36,9 +55,7 @@ def weight_gradient(name: str, args: tuple[object, ...]) -> int:
     mask = args[-1] if args else None
     if grad is None or not isinstance(shape, (list, tuple)) or not isinstance(mask, (list, tuple)) or not any(mask[1:]):
         return 0
-    width = 1
-    for size in shape:
-        width *= int(size)
+    width = normalized_width(shape)
     return width if width > 0 and grad.numel() >= width else 0
 
 
@@ -46,15 +63,13 @@ def weight_gradient_seconds(gpu: GPUSpec, calibration: Calibration, width: int, 
     """The time the weight-gradient kernel of a norm's backward pass (``width`` columns, over ``elements``
     elements of its input: a :class:`~.cost.Work`'s ``columns`` and ``elements``) takes on its blocks: two reads
     of each element at ``efficiency["norm_columns_rate"]`` per block and clock cycle, on as many SMs as it has
-    blocks (see the module's notes); the cost model takes it where it outlasts the kernel's bytes. 0 where the rows are split
-    across blocks, for a calibration without the rate (one fitted before it: the kernel by its bytes) or a GPU
-    whose clock is not known."""
+    blocks (see the module's notes); the cost model takes it where it outlasts the kernel's bytes. 0 where the
+    rows are split across blocks (:func:`rows_split`), for a calibration without the rate (one fitted before it:
+    the kernel by its bytes) or a GPU whose clock is not known."""
     rate = calibration.efficiency.get("norm_columns_rate")
     if not width or not elements or not rate or not gpu.boost_clock:
         return 0.0
-    rows = elements // width
-    blocks = -(-width // BLOCK_COLUMNS)
-    if rows > SPLIT_ROWS and width // BLOCK_COLUMNS < gpu.sm_count // 2:
+    if rows_split(elements // width, width, gpu.sm_count):
         return 0.0
     # the output's gradient and the input, read again: two of the elements, on as many SMs as blocks
-    return 2 * elements / (min(blocks, gpu.sm_count) * rate * gpu.boost_clock)
+    return 2 * elements / (min(column_blocks(width), gpu.sm_count) * rate * gpu.boost_clock)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ...ops import bound_arguments
+from ..norm_kernel import column_blocks, normalized_width, rows_split
 from .reductions import reduction_scratch
 
 
@@ -26,17 +27,14 @@ def norm_backward_scratch(name: str, func: Any, args: Any, kwargs: dict[str, Any
     source, weight, mask = bound.get("input"), bound.get("weight"), bound.get("output_mask")
     if not isinstance(source, torch.Tensor) or not isinstance(weight, torch.Tensor) or not mask:
         return []
-    width = 1
-    for size in bound.get("normalized_shape") or ():
-        width *= int(size)
+    width = normalized_width(bound.get("normalized_shape"))
     rows = source.numel() // max(width, 1)
-    column_blocks = -(-width // 32)
-    if not (rows > 64 * 1024 and width // 32 < sm_count // 2):
+    if not rows_split(rows, width, sm_count):
         return []
     gradients = [bool(mask[1])] + ([bool(mask[2]) and bound.get("bias") is not None] if name == "aten.native_layer_norm_backward" else [])
     if not any(gradients):
         return []
-    block_rows = min(32 * 1024 // column_blocks, -(-rows // 32))
+    block_rows = min(32 * 1024 // column_blocks(width), -(-rows // 32))
     partial = torch.empty(block_rows, width, dtype=weight.dtype, device="meta")
     result = torch.empty(width, dtype=weight.dtype, device="meta")
     staging = reduction_scratch("aten.sum", torch.ops.aten.sum.dim_IntList, (partial, [0]), {}, result, sm_count, capability)
