@@ -181,10 +181,12 @@ def test_a_calibration_file_is_what_a_target_loads(tmp_path):
     assert spec.name == "h100" and spec.memory_bytes == H100.memory_bytes
     assert spec.calibration.efficiency == ours.efficiency and spec.calibration.host_seconds == ours.host_seconds
     assert spec.calibration.simt_integer == ours.simt_integer and spec.calibration.power_exponent == ours.power_exponent
+    assert spec.calibration.simt_issue == ours.simt_issue
     # a file of an earlier modelprof calibrate, without the figures added since, loads with their defaults
-    older = {k: v for k, v in document.items() if k not in ("simt_integer", "power_exponent")}
+    older = {k: v for k, v in document.items() if k not in ("simt_integer", "simt_issue", "power_exponent")}
     (tmp_path / "older.json").write_text(json.dumps(older))
-    assert gpu_spec(str(tmp_path / "older.json")).calibration.simt_integer == Calibration().simt_integer
+    older_spec = gpu_spec(str(tmp_path / "older.json")).calibration
+    assert (older_spec.simt_integer, older_spec.simt_issue) == (Calibration().simt_integer, Calibration().simt_issue)
     model, x, _ = _mlp(torch.device("cpu"))
     loaded = profile(model, x, target=path).predicted
     assert loaded.calibrated and loaded.calibration == "h100.json: measured in a test"

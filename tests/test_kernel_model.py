@@ -15,7 +15,7 @@ from pytest_modelprof.engine.meters import Meter
 from pytest_modelprof.engine.meters.predicted import issuer
 from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
 from pytest_modelprof.engine.targets.cost import Work, kernel_seconds
-from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction, simt_batched_tiles, simt_integer_factor
+from pytest_modelprof.engine.targets.gpus import FITTED, Calibration, clock_fraction, simt_batched_tiles, simt_fma_share
 from pytest_modelprof.engine.targets.products import Gemm, gemms_of
 
 aten = torch.ops.aten
@@ -53,20 +53,32 @@ def test_a_power_capped_gpu_runs_its_math_at_the_clock_its_limit_holds_by_hand()
     assert kernel_seconds(t4, calibration, work)[0] == pytest.approx(kernel_seconds(unlimited, calibration, work)[0] / share)
 
 
-def test_where_integers_run_on_fp32_lanes_a_simt_product_loses_lanes_to_its_address_arithmetic():
-    """Pascal has no integer lanes, GA10x and Ada run integers on half their FP32 lanes; Volta, Turing, GA100
-    and Hopper have integer lanes of their own. With ``simt_integer`` integer instructions per FMA, a product on
-    the CUDA cores of the first runs its FMAs at 1 / (1 + simt_integer) of the peak, of the others at all of it;
-    on TF32's tensor cores, at neither."""
-    assert [simt_integer_factor(GPUS[n], Calibration(simt_integer=0.3)) for n in ("p100", "p4", "l4", "rtx4090")] == [
-        pytest.approx(1 / 1.3)
-    ] * 4
-    assert [simt_integer_factor(GPUS[n], Calibration(simt_integer=0.3)) for n in ("v100", "t4", "a100-80gb", "h100", "b200")] == [1.0] * 5
+def test_a_simt_product_loses_fma_lanes_or_issue_slots_to_its_other_instructions_where_the_architecture_shares_them():
+    """Pascal has no integer lanes, GA10x and Ada run integers on half their FP32 lanes: ``simt_integer``
+    integer instructions per FMA take lanes from the FMAs. Hopper's and Blackwell's schedulers have a warp's
+    worth of FP32 lanes and issue one instruction a cycle: ``simt_issue`` other instructions per FMA take
+    issue slots from them. Volta's, Turing's and GA100's have half as many lanes, and issue the others while an
+    FMA holds them: a product on their CUDA cores runs its FMAs at all of the peak; on TF32's tensor cores,
+    every GPU does."""
+    calibration = Calibration(simt_integer=0.3, simt_issue=0.1)
+    assert [simt_fma_share(GPUS[n], calibration) for n in ("p100", "p4", "l4", "rtx4090")] == [pytest.approx(1 / 1.3)] * 4
+    assert [simt_fma_share(GPUS[n], calibration) for n in ("h100", "h200", "b200")] == [pytest.approx(1 / 1.1)] * 3
+    assert [simt_fma_share(GPUS[n], calibration) for n in ("v100", "t4", "a100-80gb", "a100-pcie-40gb")] == [1.0] * 4
+    # the architectures whose FP32 lanes the model shares are those with 128 of them an SM (two schedulers of 32 on
+    # the P100), read off the spec table's float32 peak: a warp's worth a scheduler
+    for name, gpu in GPUS.items():
+        lanes = gpu.peak_flops.get("float32", 0.0) / (2 * gpu.sm_count * gpu.boost_clock) if gpu.boost_clock else 0.0
+        if lanes and gpu.compute_capability[0] >= 7:
+            assert (simt_fma_share(gpu, calibration) < 1) == (lanes > 96), (name, lanes)
     work = Work("aten.mm", "matmul", 2 * 4096**3, 0, torch.float32, 1, (Gemm(4096, 4096, 4096),))
     more, less = Calibration(simt_integer=0.5, kernel_seconds=0.0), Calibration(simt_integer=0.25, kernel_seconds=0.0)
-    l4, h100 = GPUS["l4"], GPUS["h100"]
+    l4, h100, a100 = GPUS["l4"], GPUS["h100"], GPUS["a100-80gb"]
     assert kernel_seconds(l4, more, work)[0] == pytest.approx(kernel_seconds(l4, less, work)[0] * 1.5 / 1.25)
     assert kernel_seconds(h100, more, work)[0] == pytest.approx(kernel_seconds(h100, less, work)[0])
+    assert kernel_seconds(a100, more, work)[0] == pytest.approx(kernel_seconds(a100, less, work)[0])
+    issue = dataclasses.replace(less, simt_issue=0.2)
+    assert kernel_seconds(h100, issue, work)[0] == pytest.approx(kernel_seconds(h100, less, work)[0] * 1.2 / 1.1)
+    assert kernel_seconds(l4, issue, work)[0] == pytest.approx(kernel_seconds(l4, less, work)[0])
     tf32 = work._replace(tf32=True)
     assert kernel_seconds(l4, more, tf32)[0] == pytest.approx(kernel_seconds(l4, less, tf32)[0])
 
@@ -285,6 +297,8 @@ def test_figures_a_model_cannot_run_with_are_refused():
         Calibration(power_exponent=0.0)
     with pytest.raises(ValueError, match="simt_integer must be zero or more"):
         Calibration(simt_integer=-0.1)
+    with pytest.raises(ValueError, match="simt_issue must be zero or more"):
+        Calibration(simt_issue=-0.1)
     with pytest.raises(ValueError, match="peak_flops must give a positive FLOP/s"):
         dataclasses.replace(GPUS["h100"], peak_flops={})
 

@@ -23,6 +23,7 @@ FLAT = Calibration(  # no cost to a short reduction or a small tile: only the wa
     efficiency={"matmul": 0.5, "conv": 0.5, "conv_narrow": 0.5, "attention": 0.5, "rnn": 0.5, "norm": 0.5, "memory": 0.8},
     gemm_half={},
     tile_cost={},
+    simt_issue=0.0,  # nor to the issue slots a product's other instructions take from its FMAs on the CUDA cores
     kernel_seconds=2e-6,
     host_seconds=10e-6,
     view_seconds=1e-6,

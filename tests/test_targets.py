@@ -336,15 +336,15 @@ def test_a_held_out_h200_step_peaks_where_the_record_peaked(name):
 
 
 def test_the_shipped_calibration_predicts_the_held_out_h200_steps_as_the_docs_say():
-    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 4.6%, worst 29.9%
+    # docs/targets.md's table (H200, 20 workloads kept out of every fit): median error 3.8%, worst 30.0%
     # (benchmarks/predicted_vs_h200.py)
     errors = {
         name: abs(step.predicted.seconds / (record["step_ms_median"] / 1e3) - 1)
         for name in HELD_OUT
         for step, record in [recorded_step("h200", name)]
     }
-    assert statistics.median(errors.values()) < 0.0465
-    assert max(errors.values()) < 0.2995, errors
+    assert statistics.median(errors.values()) < 0.0385
+    assert max(errors.values()) < 0.3, errors
 
 
 @pytest.mark.skipif(not gpu_truth.records("h100-heldout"), reason="the held-out H100 records are not in this checkout")
@@ -434,14 +434,16 @@ def test_the_h200s_layout_probes_take_the_time_the_h100s_constants_say():
     assert kernel_time(gpu, scale, gpu.calibration) == pytest.approx(h100, rel=0.1)
 
 
-def held_out_kernel_ratios(op):
-    """Per held-out H200 step that runs ``op`` ("aten.native_layer_norm"): its predicted kernel time over the record's."""
+def held_out_kernel_ratios(*ops, steps=HELD_OUT):
+    """Per held-out H200 step of ``steps`` that runs any of ``ops`` ("aten.native_layer_norm"): its predicted kernel
+    time of them over the record's."""
     ratios = {}
-    for name in HELD_OUT:
+    recorded_ops = {op.replace(".", "::", 1) for op in ops}
+    for name in steps:
         result, record = recorded_step("h200", name)
-        measured = sum(row["self_device_us"] for row in record["ops"] if row["op"] == op.replace(".", "::", 1)) * 1e-6
+        measured = sum(row["self_device_us"] for row in record["ops"] if row["op"] in recorded_ops) * 1e-6
         if measured:
-            ratios[name] = sum(row.seconds for row in result.predicted.ops if row.op == op) / measured
+            ratios[name] = sum(row.seconds for row in result.predicted.ops if row.op in ops) / measured
     return ratios
 
 
@@ -468,6 +470,17 @@ def test_the_held_out_h200_steps_layer_norms_backward_passes_take_the_time_of_th
     assert len(ratios) == 5
     assert statistics.median(abs(ratio - 1) for ratio in ratios.values()) < 0.15
     assert all(0.7 < ratio < 1.2 for ratio in ratios.values()), ratios
+
+
+def test_the_held_out_h200_steps_float32_products_on_cuda_cores_lose_issue_slots_to_their_other_instructions():
+    # with TF32 off (torch's default for matrix products) a float32 product runs on the CUDA cores; an H200's
+    # schedulers have a warp's worth of FP32 lanes each, so the product's other instructions take issue slots from
+    # its FMAs (simt_issue, fitted with the rest on the H100 steps and the H200's probes: targets/gpus.py). The
+    # held-out steps whose time is mostly such products, an MLP's and a ViT-B/32's training steps: their products'
+    # predicted kernel time against the record's, 1.02 and 1.01 of it (0.92 and 0.91 with the FMAs at the whole peak)
+    ratios = held_out_kernel_ratios("aten.mm", "aten.addmm", steps=["mlp4x2048-b4096-train-fp32-sgdm", "vit_b_32-b64-train-fp32-adamw"])
+    assert len(ratios) == 2
+    assert all(0.93 < ratio < 1.07 for ratio in ratios.values()), ratios
 
 
 def test_a_cpu_tensor_made_inside_the_model_is_explained_on_a_target():

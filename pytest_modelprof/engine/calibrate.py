@@ -50,7 +50,7 @@ from .targets.cost import (
     kernel_seconds,
     math_unit,
 )
-from .targets.gpus import UNCALIBRATED, Calibration, GPUSpec, clock_fraction, simt_integer_factor, threads_per_sm
+from .targets.gpus import Calibration, GPUSpec, clock_fraction, simt_loss, threads_per_sm
 from .targets.reduce_kernel import blocks_per_output
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
@@ -140,6 +140,7 @@ BOUNDS = {
     "kernel_seconds": (1e-6, 2e-5),
     "power_exponent": (1.0, 3.0),
     "simt_integer": (0.01, 1.0),
+    "simt_issue": (0.01, 1.0),
     "host_seconds": (1e-6, 1e-4),
     "view_seconds": (1e-7, 5e-5),
 }
@@ -175,8 +176,9 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
                 parameters.update({("gemm_half", gemm_half_key(kind, tensor_cores)), ("tile_cost", "tensor" if tensor_cores else "simt")})
             if clock_fraction(gpu) < 1:
                 parameters.add(("power_exponent", None))
-            if not tensor_cores and simt_integer_factor(gpu, UNCALIBRATED) < 1:
-                parameters.add(("simt_integer", None))
+            loss = None if tensor_cores else simt_loss(gpu)
+            if loss is not None:
+                parameters.add((loss, None))
         elif kind in RATE_OF:  # PyTorch's own batch norms: their elements' rate; their bytes and channels at cuDNN's
             efficiencies.add(RATE_OF[kind])
         elif kind != "none":

@@ -318,7 +318,7 @@ def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
 CALIBRATION_FORMAT = 3
 _STILL_READ = (2, CALIBRATION_FORMAT)  # the formats a file may have
 _FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")
-_OPTIONAL = {"power_exponent": 1.0, "simt_integer": 0.25}  # figures a calibration file may leave out: their defaults
+_OPTIONAL = {"power_exponent": 1.0, "simt_integer": 0.25, "simt_issue": 0.1}  # figures a calibration file may leave out: their defaults
 _TABLES = ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth", "reduction_cycles")
 
 

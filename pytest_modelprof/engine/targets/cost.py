@@ -54,7 +54,7 @@ import torch
 
 from ..ops import REGISTRY, Kernel
 from ..ops.iteration import non_overlapping_and_dense
-from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt_integer_factor
+from .gpus import Calibration, GPUSpec, clock_fraction, simt_batched_tiles, simt_fma_share
 from .norm_kernel import weight_gradient_seconds
 from .products import NARROW_CHANNELS, Gemm, argument, as_tensor, conv_channels, product_seconds
 from .recurrent import Recurrent, algorithm_on, persistent_cycles, reread_seconds
@@ -210,8 +210,8 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         peak, tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)
         unit_efficiency = efficiency.get(kind if tensor_cores else f"{kind}_simt", efficiency.get(kind, 1.0))
         peak *= clock_fraction(gpu, duty, calibration.power_exponent) * unit_efficiency
-        if not tensor_cores:  # the loop's integer instructions may take FP32 lanes from the FMAs
-            peak *= simt_integer_factor(gpu, calibration)
+        if not tensor_cores:  # the loop's other instructions may take FP32 lanes or issue slots from the FMAs
+            peak *= simt_fma_share(gpu, calibration)
         if gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
             sms, split = gpu.sm_count, kind in LIBRARY_KINDS
             batched = () if tensor_cores or not split else simt_batched_tiles(gpu)  # (the library's batched "nn" kernels')

@@ -99,7 +99,8 @@ class Calibration:
     reduction_cycles: Mapping[str, float] = field(default_factory=lambda: {"staging": 700.0}, hash=False)
     tile_cost: Mapping[str, float] = field(default_factory=lambda: {"tensor": 16.0, "simt": 16.0}, hash=False)
     power_exponent: float = 1.0  # how a GPU's power grows with its clock (see :func:`clock_fraction`)
-    simt_integer: float = 0.25  # integer instructions a product on CUDA cores runs per FMA (see :func:`simt_integer_factor`)
+    simt_integer: float = 0.25  # integer instructions a product on CUDA cores runs per FMA (see :func:`simt_fma_share`)
+    simt_issue: float = 0.1  # ... other instructions that take an FMA's issue slot, per FMA (see :func:`simt_fma_share`)
     kernel_seconds: float = 3e-6  # a kernel's fixed time beside its work: its start, ramp and tail
     host_seconds: float = 6e-6  # the host's time to issue one op with a kernel from Python, autograd recording it
     view_seconds: float = 1.5e-6  # ... one without a kernel (a view, an allocation)
@@ -113,8 +114,9 @@ class Calibration:
     def __post_init__(self) -> None:
         if not self.power_exponent > 0:
             raise ValueError(f"Calibration: power_exponent must be positive, got {self.power_exponent!r}")
-        if not self.simt_integer >= 0:
-            raise ValueError(f"Calibration: simt_integer must be zero or more, got {self.simt_integer!r}")
+        for name in ("simt_integer", "simt_issue"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"Calibration: {name} must be zero or more, got {getattr(self, name)!r}")
         for name in ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth", "reduction_cycles"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
@@ -144,36 +146,37 @@ UNCALIBRATED = Calibration()
 FITTED = Calibration(
     efficiency={
         "matmul": 0.9601,
-        "conv": 0.5661,
-        "conv_backward": 0.3846,
-        "conv_narrow": 0.2639,
+        "conv": 0.5662,
+        "conv_backward": 0.3849,
+        "conv_narrow": 0.2638,
         "conv_narrow_backward": 0.07383,
-        "attention": 0.823,
-        "rnn": 0.3904,
-        "norm": 0.8058,
-        "norm_backward": 0.6726,
+        "attention": 0.8229,
+        "rnn": 0.3896,
+        "norm": 0.8054,
+        "norm_backward": 0.6738,
         "norm_native_rate": 1.434,
         "norm_native_backward_rate": 1.389,
-        "memory": 0.8576,
-        "matmul_simt": 0.8514,
-        "conv_simt": 1.563,
+        "memory": 0.8574,
+        "matmul_simt": 0.8948,
+        "conv_simt": 1.610,
         "conv_backward_simt": 0.3,
         "cuda_cores": 0.4729,
         "strided_rate": 2.702,
-        "strided_byte_cycles": 0.06561,
-        "reduction_rate": 1.981,
-        "pool": 1.027,
+        "strided_byte_cycles": 0.06566,
+        "reduction_rate": 1.980,
+        "pool": 1.026,
         "pool_backward": 0.3543,
-        "norm_columns_rate": 11.85,
+        "norm_columns_rate": 11.88,
     },
-    gemm_half={"k": 286.1, "k_simt": 10.97, "k_attention": 779.1},
-    tile_cost={"tensor": 6.185, "simt": 10.74},
+    gemm_half={"k": 286.7, "k_simt": 12.09, "k_attention": 778.9},
+    tile_cost={"tensor": 6.250, "simt": 11.60},
     reduction_bandwidth={"norm": 20.59e9, "norm_backward": 13.63e9},
-    reduction_cycles={"norm": 540.4, "staging": 735.3},
-    power_exponent=1.145,
-    simt_integer=0.347,
-    kernel_seconds=2.369e-6,
-    host_seconds=28.44e-6,
+    reduction_cycles={"norm": 541.1, "staging": 736.9},
+    power_exponent=1.090,
+    simt_integer=0.3804,
+    simt_issue=0.1555,
+    kernel_seconds=2.348e-6,
+    host_seconds=28.45e-6,
     view_seconds=10.38e-6,
     calibrated=True,
     source="fitted on 9 H100 steps (the project's gpu-truth records, torch 2.11), 316 operators of an H200's one-layer probes, "
@@ -212,9 +215,13 @@ class Architecture:
     on it; ``flops_per_watt``: the float32 FLOP/s per watt of board power its GPUs sustain under dense
     math (0: not known), which sets how far a GPU of a low power limit clocks down (:func:`clock_fraction`);
     ``integer_on_fp32_lanes``: its integer instructions run on FP32 lanes (Pascal's have no integer lanes
-    of their own; half of GA10x's and Ada's FP32 lanes run integers too; Volta, Turing, GA100 and Hopper have
-    separate integer lanes: the architecture whitepapers), so a product on CUDA cores loses FMA lanes to its
-    address arithmetic (:func:`simt_integer_factor`); ``simt_batched_tiles``: the output tiles its library's
+    of their own; half of GA10x's and Ada's FP32 lanes run integers too; Volta, Turing, GA100, Hopper and
+    Blackwell have separate integer lanes: the architecture whitepapers), so a product on CUDA cores loses FMA
+    lanes to its address arithmetic; ``fma_issue_bound``: it has integer lanes of its own, but each scheduler
+    has a warp's worth of FP32 lanes (32: Hopper, Blackwell) and issues one instruction a cycle, so each
+    instruction of a product's inner loop that is not an FMA (a shared-memory load, an address) is issued in a
+    cycle no FMA is; Volta's, Turing's and GA100's schedulers have 16, an FMA holds them two cycles and the
+    others are issued in between (:func:`simt_fma_share`); ``simt_batched_tiles``: the output tiles its library's
     batched float32 products on CUDA cores come in (:func:`simt_batched_tiles`; empty: any; by default Ampere's)."""
 
     shared_memory_per_block: int
@@ -224,6 +231,7 @@ class Architecture:
     cublas_workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE
     flops_per_watt: float = 0.0
     integer_on_fp32_lanes: bool = False
+    fma_issue_bound: bool = False
     simt_batched_tiles: tuple[tuple[int, int], ...] = AMPERE_BATCHED
 
 
@@ -287,8 +295,9 @@ ARCHITECTURES: Mapping[tuple[int, int], Architecture] = MappingProxyType(
             blocks_per_sm=32,
             cublas_workspace_bytes=4096 * 8 * 1024,
             flops_per_watt=51.2 * T / 350,
+            fma_issue_bound=True,
         ),
-        (10, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32),
+        (10, 0): Architecture(shared_memory_per_block=232448, threads_per_sm=2048, blocks_per_sm=32, fma_issue_bound=True),
         (12, 0): Architecture(
             shared_memory_per_block=101376, threads_per_sm=1536, blocks_per_sm=32, small_shared_memory=True, integer_on_fp32_lanes=True
         ),
@@ -364,13 +373,23 @@ def simt_batched_tiles(gpu: GPUSpec) -> tuple[tuple[int, int], ...]:
     return row.simt_batched_tiles if row is not None else AMPERE_BATCHED
 
 
-def simt_integer_factor(gpu: GPUSpec, calibration: Calibration) -> float:
-    """The fraction of its float32 peak a product on ``gpu``'s CUDA cores can run FMAs at: where integers run on
-    FP32 lanes (:class:`Architecture`), its inner loop's ``calibration.simt_integer`` integer instructions per
-    FMA (address arithmetic) take lanes from the FMAs: ``1 / (1 + simt_integer)`` (on GA10x and Ada too, while
-    the integers fit in the half of the lanes that run them); 1 elsewhere."""
+def simt_loss(gpu: GPUSpec) -> str | None:
+    """The calibration's figure for what a product on ``gpu``'s CUDA cores loses to the instructions of its inner
+    loop that are not FMAs (:class:`Architecture`): ``simt_integer`` where integers run on FP32 lanes,
+    ``simt_issue`` where they take the FMAs' issue slots; None where neither."""
     row = architecture(gpu.compute_capability)
-    return 1.0 / (1.0 + calibration.simt_integer) if row is not None and row.integer_on_fp32_lanes else 1.0
+    if row is None:
+        return None
+    return "simt_integer" if row.integer_on_fp32_lanes else "simt_issue" if row.fma_issue_bound else None
+
+
+def simt_fma_share(gpu: GPUSpec, calibration: Calibration) -> float:
+    """The fraction of its float32 peak a product on ``gpu``'s CUDA cores can run FMAs at: where its inner loop's
+    other instructions take lanes or issue slots from the FMAs (:func:`simt_loss`), ``1 / (1 + x)`` with ``x``
+    the calibration's figure for them per FMA (on GA10x and Ada, while the integers fit in the half of the
+    lanes that run them); 1 elsewhere."""
+    loss = simt_loss(gpu)
+    return 1.0 if loss is None else 1.0 / (1.0 + float(getattr(calibration, loss)))
 
 
 def clock_fraction(gpu: GPUSpec, duty: float = 1.0, exponent: float = 1.0) -> float:
