@@ -173,7 +173,7 @@ def test_a_probe_measured_on_the_gpu_gives_kernel_and_step_times():
 
 def test_a_calibration_file_is_what_a_target_loads(tmp_path):
     path = tmp_path / "h100.json"
-    ours = dataclasses.replace(TRUE, calibrated=True, source="measured in a test")
+    ours = dataclasses.replace(TRUE, calibrated=True, source="measured in a test", simt_issue=0.2, simt_integer=0.3, power_exponent=1.5)
     save_calibration(path, H100, ours, measured="NVIDIA H100 80GB HBM3, torch 2.11")
     document = json.loads(path.read_text())
     assert document["gpu"] == "h100" and document["host_seconds"] == 20e-6 and document["efficiency"]["matmul"] == 0.6
@@ -181,7 +181,7 @@ def test_a_calibration_file_is_what_a_target_loads(tmp_path):
     assert spec.name == "h100" and spec.memory_bytes == H100.memory_bytes
     assert spec.calibration.efficiency == ours.efficiency and spec.calibration.host_seconds == ours.host_seconds
     assert spec.calibration.simt_integer == ours.simt_integer and spec.calibration.power_exponent == ours.power_exponent
-    assert spec.calibration.simt_issue == ours.simt_issue
+    assert spec.calibration.simt_issue == ours.simt_issue and document["simt_issue"] == 0.2
     # a file of an earlier modelprof calibrate, without the figures added since, loads with their defaults
     older = {k: v for k, v in document.items() if k not in ("simt_integer", "simt_issue", "power_exponent")}
     (tmp_path / "older.json").write_text(json.dumps(older))
@@ -214,6 +214,8 @@ GOOD = {
         ({"efficiency": {"matmul": -1}}, r":5: 'efficiency': expected an object of positive numbers"),
         ({"efficiency": {"matmul": 0.7}}, r":5: 'efficiency': expected an object of positive numbers with 'memory'"),
         ({"host_seconds": "fast"}, r":12: 'host_seconds': expected a positive number of seconds"),
+        ({"simt_issue": -0.1}, r":14: 'simt_issue': expected zero or a positive number"),
+        ({"power_exponent": 0}, r":14: 'power_exponent': expected a positive number"),
         ({"format": 4}, r":2: 'format': expected 3 \(a calibration file written by modelprof calibrate\)"),
         ({"format": 1}, r":2: 'format': expected 3: this file is an older modelprof calibrate's, .* calibrate again"),
         ({"speed": 1}, r":14: 'speed': expected one of efficiency, format, "),
@@ -224,7 +226,13 @@ def test_a_bad_calibration_file_names_its_line_and_what_was_expected(tmp_path, c
     path.write_text(json.dumps({**GOOD, **change}, indent=2))
     with pytest.raises(ValueError, match=f"{path.name}{message}"):
         load_calibration(path)
-    assert load_calibration(_write(tmp_path / "good.json", GOOD)).calibration.efficiency["matmul"] == 0.7
+    good = load_calibration(_write(tmp_path / "good.json", GOOD)).calibration
+    assert good.efficiency["matmul"] == 0.7
+    # a file without simt_issue (written before it) prices its products' FMAs without issue slots lost, as it was fitted;
+    # zero is a figure too (no loss), as is any positive one
+    assert good.simt_issue == 0.0
+    assert load_calibration(_write(tmp_path / "zero.json", {**GOOD, "simt_issue": 0})).calibration.simt_issue == 0.0
+    assert load_calibration(_write(tmp_path / "some.json", {**GOOD, "simt_issue": 0.2})).calibration.simt_issue == 0.2
 
 
 def test_a_calibration_file_of_the_format_before_still_loads_and_prices_pooling_by_its_bytes(tmp_path):

@@ -10,7 +10,7 @@ from torch import nn
 
 from benchmarks import neusight
 from pytest_modelprof import GPUS, profile
-from pytest_modelprof.engine.calibrate import KernelFit, fit_kernels
+from pytest_modelprof.engine.calibrate import KernelFit, fit_kernels, kernel_parameters
 from pytest_modelprof.engine.meters import Meter
 from pytest_modelprof.engine.meters.predicted import issuer
 from pytest_modelprof.engine.targets.collectives import call_seconds, collective_seconds
@@ -55,7 +55,7 @@ def test_a_power_capped_gpu_runs_its_math_at_the_clock_its_limit_holds_by_hand()
 
 def test_a_simt_product_loses_fma_lanes_or_issue_slots_to_its_other_instructions_where_the_architecture_shares_them():
     """Pascal has no integer lanes, GA10x and Ada run integers on half their FP32 lanes: ``simt_integer``
-    integer instructions per FMA take lanes from the FMAs. Hopper's and Blackwell's schedulers have a warp's
+    integer instructions per FMA take lanes from the FMAs. Hopper's and data-centre Blackwell's schedulers have a warp's
     worth of FP32 lanes and issue one instruction a cycle: ``simt_issue`` other instructions per FMA take
     issue slots from them. Volta's, Turing's and GA100's have half as many lanes, and issue the others while an
     FMA holds them: a product on their CUDA cores runs its FMAs at all of the peak; on TF32's tensor cores,
@@ -64,6 +64,17 @@ def test_a_simt_product_loses_fma_lanes_or_issue_slots_to_its_other_instructions
     assert [simt_fma_share(GPUS[n], calibration) for n in ("p100", "p4", "l4", "rtx4090")] == [pytest.approx(1 / 1.3)] * 4
     assert [simt_fma_share(GPUS[n], calibration) for n in ("h100", "h200", "b200")] == [pytest.approx(1 / 1.1)] * 3
     assert [simt_fma_share(GPUS[n], calibration) for n in ("v100", "t4", "a100-80gb", "a100-pcie-40gb")] == [1.0] * 4
+    # float64 runs on units of its own, which neither loss touches
+    assert [simt_fma_share(GPUS[n], calibration, torch.float64) for n in ("p100", "l4", "h100")] == [1.0] * 3
+    # and the fit looks for the figure where the loss is, on CUDA cores only
+    mm = Work("aten.mm", "matmul", 2 * 1024**3, 0, torch.float32, 1, (Gemm(1024, 1024, 1024),))
+    loss = {("simt_integer", None), ("simt_issue", None)}
+
+    def fitted(gpu, work):
+        return loss & set(kernel_parameters([(GPUS[gpu], work)]))
+
+    assert fitted("h100", mm) == {("simt_issue", None)} and fitted("l4", mm) == {("simt_integer", None)}
+    assert fitted("a100-80gb", mm) == fitted("h100", mm._replace(tf32=True)) == fitted("h100", mm._replace(dtype=torch.float64)) == set()
     # the architectures whose FP32 lanes the model shares are those with 128 of them an SM (two schedulers of 32 on
     # the P100), read off the spec table's float32 peak: a warp's worth a scheduler
     for name, gpu in GPUS.items():
@@ -77,7 +88,7 @@ def test_a_simt_product_loses_fma_lanes_or_issue_slots_to_its_other_instructions
     assert kernel_seconds(h100, more, work)[0] == pytest.approx(kernel_seconds(h100, less, work)[0])
     assert kernel_seconds(a100, more, work)[0] == pytest.approx(kernel_seconds(a100, less, work)[0])
     issue = dataclasses.replace(less, simt_issue=0.2)
-    assert kernel_seconds(h100, issue, work)[0] == pytest.approx(kernel_seconds(h100, less, work)[0] * 1.2 / 1.1)
+    assert kernel_seconds(h100, issue, work)[0] == pytest.approx(kernel_seconds(h100, less, work)[0] * 1.2)
     assert kernel_seconds(l4, issue, work)[0] == pytest.approx(kernel_seconds(l4, less, work)[0])
     tf32 = work._replace(tf32=True)
     assert kernel_seconds(l4, more, tf32)[0] == pytest.approx(kernel_seconds(l4, less, tf32)[0])

@@ -170,13 +170,14 @@ def kernel_parameters(works: Sequence[tuple[GPUSpec, Work]]) -> list[Parameter]:
     for gpu, work in works:
         kind = work.kind
         if kind in COMPUTE_KINDS:
-            tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)[1]
+            math_dtype = MATH_OF.get(work.name, work.dtype)
+            tensor_cores = math_unit(gpu, kind, math_dtype, work.tf32)[1]
             efficiencies.add(kind if tensor_cores else f"{kind}_simt")
             if work.gemms:
                 parameters.update({("gemm_half", gemm_half_key(kind, tensor_cores)), ("tile_cost", "tensor" if tensor_cores else "simt")})
             if clock_fraction(gpu) < 1:
                 parameters.add(("power_exponent", None))
-            loss = None if tensor_cores else simt_loss(gpu)
+            loss = None if tensor_cores else simt_loss(gpu, math_dtype)
             if loss is not None:
                 parameters.add((loss, None))
         elif kind in RATE_OF:  # PyTorch's own batch norms: their elements' rate; their bytes and channels at cuDNN's
@@ -281,7 +282,7 @@ def least_squares(
 
 def _fit_stage(calibration: Calibration, parameters: Sequence[Parameter], residuals: Callable[[Calibration], list[float]]) -> Calibration:
     """The ``parameters`` of ``calibration`` that minimise the squared ``residuals``, fitted in log space."""
-    start = [math.log(_get(calibration, p)) for p in parameters]
+    start = [math.log(_inside(calibration, p)) for p in parameters]
     low = [math.log(_bounds(p)[0]) for p in parameters]
     high = [math.log(_bounds(p)[1]) for p in parameters]
 
@@ -291,13 +292,21 @@ def _fit_stage(calibration: Calibration, parameters: Sequence[Parameter], residu
     return at(least_squares(lambda x: residuals(at(x)), start, low, high))
 
 
+def _inside(calibration: Calibration, parameter: Parameter) -> float:
+    """The figure of ``calibration`` a fit starts ``parameter`` from, within its bounds (one at zero, as no
+    issue slots lost, starts at its lower bound)."""
+    low, high = _bounds(parameter)
+    return min(max(_get(calibration, parameter), low), high)
+
+
 def _slow_start(kinds: AbstractSet[str]) -> Calibration:
     """Where a fit starts by default: the round defaults, with the kinds it fits at half their efficiency
     and the shortest kernel at its least, so that each kernel starts above the shortest-kernel floor,
     where its time still depends on the figures (a kind it does not see keeps its default)."""
     defaults = Calibration()
     efficiency = {kind: value / 2 if kind.removesuffix("_simt") in kinds else value for kind, value in defaults.efficiency.items()}
-    return dataclasses.replace(defaults, efficiency=efficiency, kernel_seconds=BOUNDS["kernel_seconds"][0])
+    # (the FMAs' issue slots start partly lost, as the integer lanes do: a fit from there finds the shipped figures)
+    return dataclasses.replace(defaults, efficiency=efficiency, kernel_seconds=BOUNDS["kernel_seconds"][0], simt_issue=0.1)
 
 
 Timed = tuple[GPUSpec, Work, str, float]  # a kernel timed on its own: the GPU, the op's work, its class, the seconds
@@ -339,7 +348,7 @@ def _fit_kernel_model(start: Calibration | None, steps: Sequence[tuple[GPUSpec, 
     classes = sorted({kind for _, _, kind, _ in timed})
     low = [math.log(_bounds(p)[0]) for p in used] + [math.log(OVERHEAD_BOUNDS[0])] * len(classes)
     high = [math.log(_bounds(p)[1]) for p in used] + [math.log(OVERHEAD_BOUNDS[1])] * len(classes)
-    origin = [math.log(_get(calibration, p)) for p in used] + [math.log(1e-5)] * len(classes)
+    origin = [math.log(_inside(calibration, p)) for p in used] + [math.log(1e-5)] * len(classes)
     step_weight = 1 / math.sqrt(sum(seconds for _, _, seconds in steps) or 1.0)
     timed_weight = 1 / math.sqrt(len(timed) or 1)
 

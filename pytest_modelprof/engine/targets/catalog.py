@@ -318,7 +318,9 @@ def gpu_spec(target: str | os.PathLike[str] | GPUSpec) -> GPUSpec:
 CALIBRATION_FORMAT = 3
 _STILL_READ = (2, CALIBRATION_FORMAT)  # the formats a file may have
 _FIGURES = ("kernel_seconds", "host_seconds", "view_seconds")
-_OPTIONAL = {"power_exponent": 1.0, "simt_integer": 0.25, "simt_issue": 0.1}  # figures a calibration file may leave out: their defaults
+# figures a calibration file may leave out: their defaults (simt_issue: none, as a file fitted before it has it)
+_OPTIONAL = {"power_exponent": 1.0, "simt_integer": 0.25, "simt_issue": 0.0}
+_MAY_BE_ZERO = {"simt_integer", "simt_issue"}  # none of a product's FMAs lost (see gpus.simt_fma_share)
 _TABLES = ("efficiency", "gemm_half", "tile_cost", "reduction_bandwidth", "reduction_cycles")
 
 
@@ -376,9 +378,10 @@ def load_calibration(path: str | os.PathLike[str]) -> GPUSpec:
             raise fail(entry, "a positive number of seconds")
         figures[entry] = float(document[entry])
     for entry, default in _OPTIONAL.items():
-        if not _positive(document.get(entry, default)):
-            raise fail(entry, "a positive number")
-        figures[entry] = float(document.get(entry, default))
+        value = document.get(entry, default)
+        if not (_positive(value) or (entry in _MAY_BE_ZERO and value == 0 and not isinstance(value, bool))):
+            raise fail(entry, "zero or a positive number" if entry in _MAY_BE_ZERO else "a positive number")
+        figures[entry] = float(value)
     source = f"{path.name}: {document.get('source') or 'calibration file'}"
     calibration = Calibration(**figures, calibrated=True, source=source)
     return dataclasses.replace(GPUS[name], calibration=calibration)

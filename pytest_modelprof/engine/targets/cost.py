@@ -207,11 +207,12 @@ def kernel_seconds(gpu: GPUSpec, calibration: Calibration, work: Work, duty: flo
         if chosen != "standard":  # the recurrent products run inside the persistent kernels, the inputs' apart
             persistent, gemms = persistent_cycles(call, chosen) / gpu.boost_clock, gemms[::2]
     if kind in COMPUTE_KINDS:
-        peak, tensor_cores = math_unit(gpu, kind, MATH_OF.get(work.name, work.dtype), work.tf32)
+        math_dtype = MATH_OF.get(work.name, work.dtype)
+        peak, tensor_cores = math_unit(gpu, kind, math_dtype, work.tf32)
         unit_efficiency = efficiency.get(kind if tensor_cores else f"{kind}_simt", efficiency.get(kind, 1.0))
         peak *= clock_fraction(gpu, duty, calibration.power_exponent) * unit_efficiency
         if not tensor_cores:  # the loop's other instructions may take FP32 lanes or issue slots from the FMAs
-            peak *= simt_fma_share(gpu, calibration)
+            peak *= simt_fma_share(gpu, calibration, math_dtype)
         if gemms:  # attention and recurrent kernels schedule their own work: no split of the reduction
             sms, split = gpu.sm_count, kind in LIBRARY_KINDS
             batched = () if tensor_cores or not split else simt_batched_tiles(gpu)  # (the library's batched "nn" kernels')

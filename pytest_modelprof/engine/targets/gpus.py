@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import torch
+
 # the host's time per op, by who issues it, over Python's with autograd recording (``benchmarks/host_cost.py``,
 # on the CPU: 0.74-0.82 under no_grad, 0.52-0.53 from autograd's engine in C++). On CUDA tensors an engine's op
 # alone costs more (1.35x a recorded one: data/gpu-truth/h200-host.json), but a step's forward pass also runs the
@@ -100,7 +102,7 @@ class Calibration:
     tile_cost: Mapping[str, float] = field(default_factory=lambda: {"tensor": 16.0, "simt": 16.0}, hash=False)
     power_exponent: float = 1.0  # how a GPU's power grows with its clock (see :func:`clock_fraction`)
     simt_integer: float = 0.25  # integer instructions a product on CUDA cores runs per FMA (see :func:`simt_fma_share`)
-    simt_issue: float = 0.1  # ... other instructions that take an FMA's issue slot, per FMA (see :func:`simt_fma_share`)
+    simt_issue: float = 0.0  # ... other instructions that take an FMA's issue slot, per FMA (see :func:`simt_fma_share`)
     kernel_seconds: float = 3e-6  # a kernel's fixed time beside its work: its start, ramp and tail
     host_seconds: float = 6e-6  # the host's time to issue one op with a kernel from Python, autograd recording it
     view_seconds: float = 1.5e-6  # ... one without a kernel (a view, an allocation)
@@ -215,10 +217,11 @@ class Architecture:
     on it; ``flops_per_watt``: the float32 FLOP/s per watt of board power its GPUs sustain under dense
     math (0: not known), which sets how far a GPU of a low power limit clocks down (:func:`clock_fraction`);
     ``integer_on_fp32_lanes``: its integer instructions run on FP32 lanes (Pascal's have no integer lanes
-    of their own; half of GA10x's and Ada's FP32 lanes run integers too; Volta, Turing, GA100, Hopper and
-    Blackwell have separate integer lanes: the architecture whitepapers), so a product on CUDA cores loses FMA
-    lanes to its address arithmetic; ``fma_issue_bound``: it has integer lanes of its own, but each scheduler
-    has a warp's worth of FP32 lanes (32: Hopper, Blackwell) and issues one instruction a cycle, so each
+    of their own; half of GA10x's, Ada's and consumer Blackwell's FP32 lanes run integers too; Volta, Turing,
+    GA100, Hopper and data-centre Blackwell have separate integer lanes: the architecture whitepapers), so a
+    product on CUDA cores loses FMA lanes to its address arithmetic; ``fma_issue_bound``: it has integer lanes
+    of its own, but each scheduler has a warp's worth of FP32 lanes (32: Hopper, data-centre Blackwell; the
+    latter taken from its SM's 128 FP32 lanes, not measured) and issues one instruction a cycle, so each
     instruction of a product's inner loop that is not an FMA (a shared-memory load, an address) is issued in a
     cycle no FMA is; Volta's, Turing's and GA100's schedulers have 16, an FMA holds them two cycles and the
     others are issued in between (:func:`simt_fma_share`); ``simt_batched_tiles``: the output tiles its library's
@@ -233,6 +236,12 @@ class Architecture:
     integer_on_fp32_lanes: bool = False
     fma_issue_bound: bool = False
     simt_batched_tiles: tuple[tuple[int, int], ...] = AMPERE_BATCHED
+
+    def __post_init__(self) -> None:
+        if self.integer_on_fp32_lanes and self.fma_issue_bound:
+            raise ValueError(
+                "Architecture: integer_on_fp32_lanes and fma_issue_bound are two causes of one loss (simt_fma_share): one at most"
+            )
 
 
 # by compute capability; a new architecture is one row. ``flops_per_watt`` is the float32 peak per watt of
@@ -373,22 +382,23 @@ def simt_batched_tiles(gpu: GPUSpec) -> tuple[tuple[int, int], ...]:
     return row.simt_batched_tiles if row is not None else AMPERE_BATCHED
 
 
-def simt_loss(gpu: GPUSpec) -> str | None:
-    """The calibration's figure for what a product on ``gpu``'s CUDA cores loses to the instructions of its inner
-    loop that are not FMAs (:class:`Architecture`): ``simt_integer`` where integers run on FP32 lanes,
-    ``simt_issue`` where they take the FMAs' issue slots; None where neither."""
+def simt_loss(gpu: GPUSpec, dtype: torch.dtype = torch.float32) -> str | None:
+    """The calibration's figure for what a product in ``dtype`` on ``gpu``'s CUDA cores loses to the instructions of
+    its inner loop that are not FMAs (:class:`Architecture`): ``simt_integer`` where integers run on FP32 lanes,
+    ``simt_issue`` where they take the FMAs' issue slots; None where neither, and for float64 (its units are
+    others)."""
     row = architecture(gpu.compute_capability)
-    if row is None:
+    if row is None or dtype == torch.float64:
         return None
     return "simt_integer" if row.integer_on_fp32_lanes else "simt_issue" if row.fma_issue_bound else None
 
 
-def simt_fma_share(gpu: GPUSpec, calibration: Calibration) -> float:
-    """The fraction of its float32 peak a product on ``gpu``'s CUDA cores can run FMAs at: where its inner loop's
-    other instructions take lanes or issue slots from the FMAs (:func:`simt_loss`), ``1 / (1 + x)`` with ``x``
-    the calibration's figure for them per FMA (on GA10x and Ada, while the integers fit in the half of the
+def simt_fma_share(gpu: GPUSpec, calibration: Calibration, dtype: torch.dtype = torch.float32) -> float:
+    """The fraction of its peak a product in ``dtype`` on ``gpu``'s CUDA cores can run FMAs at: where its inner
+    loop's other instructions take lanes or issue slots from the FMAs (:func:`simt_loss`), ``1 / (1 + x)`` with
+    ``x`` the calibration's figure for them per FMA (on GA10x and Ada, while the integers fit in the half of the
     lanes that run them); 1 elsewhere."""
-    loss = simt_loss(gpu)
+    loss = simt_loss(gpu, dtype)
     return 1.0 if loss is None else 1.0 / (1.0 + float(getattr(calibration, loss)))
 
 
