@@ -11,7 +11,13 @@ The data's protocol times one op at a time with CUDA events, and its smallest op
 cost, the same for every op of a class, is fitted with the constants (``overhead``, per class) and added to
 each predicted kernel time. Matrix products and convolutions run as in the measurements: fp32 with TF32 off.
 
+``--by-kernel CLASS`` prints instead, for one kernel class, the shipped calibration's predicted over measured time
+per GPU and kernel (the data's ``kernel_name``), over the measurements of 100 us or more, with the protocol's fixed
+cost that the fit on all five GPUs finds for the class (``--overhead-us``): where a class's misses come from
+(docs/targets.md, "Predicted step time").
+
     python benchmarks/kernel_data.py [--per-file N] [--fit-per-file N]
+    python benchmarks/kernel_data.py --by-kernel softmax [--overhead-us 36.4]
 """
 
 from __future__ import annotations
@@ -58,11 +64,37 @@ def table(title: str, held_out: dict[str, dict[str, list[float]]], kinds: list[s
     return {kind: statistics.median(values) for kind, values in medians.items()}
 
 
+def by_kernel(kind: str, overhead: float) -> None:
+    """Per GPU and kernel the data name, the shipped calibration's predicted / measured time of the class's
+    measurements of :data:`LONG` or more: median, 10th and 90th percentile."""
+    model = KernelFit(H100.calibration, {kind: overhead})
+    ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
+    formulas = neusight.FormulaTable()
+    with neusight.tf32_flags(matmul=False, cudnn=False):  # the protocol's: products in fp32
+        for row in neusight.rows():
+            seconds = float(row["ms"]) * 1e-3
+            if neusight.CLASSES[row["op"]] != kind or seconds < LONG:
+                continue
+            gpu = neusight.GPUS[neusight.GPU_NAMES[row["gpu"]]]
+            ratios[(gpu.name, row["kernel_name"])].append(model.seconds(gpu, neusight.work_of(row, formulas), kind) / seconds)
+    fixed, long = overhead * 1e6, LONG * 1e6
+    print(f"{kind}: predicted / measured, the shipped calibration, {fixed:.1f} us of fixed cost, measurements of {long:.0f} us or more")
+    for (gpu, kernel), values in sorted(ratios.items()):
+        values.sort()
+        p10, p90 = values[len(values) // 10], values[9 * len(values) // 10]
+        print(f"  {gpu:16s} {kernel[:60]:60s} {len(values):5d}  median {statistics.median(values):.2f}  p10 {p10:.2f}  p90 {p90:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--per-file", type=int, default=1000, help="measurements of each op and GPU predicted (sampled)")
     parser.add_argument("--fit-per-file", type=int, default=150, help="... of which this many are fitted on")
+    parser.add_argument("--by-kernel", metavar="CLASS", help="per GPU and kernel, one class (e.g. softmax), the shipped calibration")
+    parser.add_argument("--overhead-us", type=float, default=36.4, help="the protocol's fixed cost per op, with --by-kernel")
     options = parser.parse_args()
+    if options.by_kernel:
+        by_kernel(options.by_kernel, options.overhead_us * 1e-6)
+        return
     start = time.perf_counter()
     data = neusight.measurements(options.per_file)
     fitting = neusight.measurements(options.fit_per_file, seed=1)
